@@ -1,0 +1,371 @@
+"""Decoder-only transformer of the Llama / Qwen2 / Qwen3 family, in Flax linen.
+
+One module serves learning and sampling:
+  * `Transformer.__call__(tokens, positions, mask)` is the full-sequence forward used by
+    the train step (causal attention restricted to valid, i.e. non-padding, keys);
+  * `Transformer.__call__(tokens, positions, cache=..., cache_index=..., kv_mask=...)`
+    is the step forward used by the sampler: it writes the new keys and values into
+    the KV cache at `cache_index` and attends to every valid cache slot up to its own.
+
+Every parameter and the main activations carry logical axis names (batch, length,
+embed, heads, kv_heads, head_dim, mlp, vocab); `replax.sharding` maps them to mesh
+axes through a rule table, so sharding is configuration, not code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# Large negative logit for masked attention scores: finite, so a row with no valid
+# key (a padding query) yields a uniform distribution instead of NaN.
+_MASK_VALUE = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of the policy. Validates itself on construction."""
+
+    vocab_size: int = 512
+    num_layers: int = 4
+    d_model: int = 256
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    mlp_dim: int = 1024
+    # Longest sequence (prompt + completion) the positions and the KV cache allow.
+    max_len: int = 256
+    tie_embeddings: bool = True
+    # Qwen2 puts biases on the q/k/v projections; Qwen3 normalises q and k per head.
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(
+                    f"model.{name}={getattr(self, name)!r}: allowed are {sorted(DTYPES)}"
+                )
+        for name in (
+            "vocab_size",
+            "num_layers",
+            "d_model",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "mlp_dim",
+            "max_len",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_kv_heads={self.num_kv_heads} must divide "
+                f"model.num_heads={self.num_heads}"
+            )
+
+    @property
+    def jnp_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def jnp_param_dtype(self):
+        return DTYPES[self.param_dtype]
+
+
+def _param(module: nn.Module, name: str, init, shape, axes, config: ModelConfig):
+    return module.param(
+        name, nn.with_logical_partitioning(init, axes), shape, config.jnp_param_dtype
+    )
+
+
+def constrain(x, axes):
+    """Activation sharding by logical axis names; a no-op outside a rules context."""
+    return nn.with_logical_constraint(x, axes)
+
+
+class RMSNorm(nn.Module):
+    config: ModelConfig
+    axis_name: str = "embed"
+
+    @nn.compact
+    def __call__(self, x):
+        dim = x.shape[-1]
+        scale = _param(self, "scale", nn.initializers.ones, (dim,), (self.axis_name,), self.config)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(
+            jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.norm_eps
+        )
+        return (x32 * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
+
+
+def rotary(x, positions, theta: float):
+    """Rotary position embedding (rotate-half form). x: [B, T, H, D], positions: [B, T]."""
+    head_dim = x.shape[-1]
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [D/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    sin = jnp.sin(angles)[:, :, None, :]  # [B, T, 1, D/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with optional q/k/v bias, q/k norm and a KV cache."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
+        # x: [B, T, E]; positions: [B, T]; attn_mask: [B, T, S] (True = may attend).
+        cfg = self.config
+        h, kv, d, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
+        init = nn.initializers.normal(stddev=e**-0.5)
+        wq = _param(self, "q", init, (e, h, d), ("embed", "heads", "head_dim"), cfg)
+        wk = _param(self, "k", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wv = _param(self, "v", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wo = _param(
+            self,
+            "o",
+            nn.initializers.normal(stddev=(h * d) ** -0.5),
+            (h, d, e),
+            ("heads", "head_dim", "embed"),
+            cfg,
+        )
+        dt = cfg.jnp_dtype
+        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt))
+        k = jnp.einsum("bte,ehd->bthd", x, wk.astype(dt))
+        v = jnp.einsum("bte,ehd->bthd", x, wv.astype(dt))
+        if cfg.qkv_bias:
+            zeros = nn.initializers.zeros
+            q = q + _param(self, "q_bias", zeros, (h, d), ("heads", "head_dim"), cfg).astype(dt)
+            k = k + _param(self, "k_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg).astype(dt)
+            v = v + _param(self, "v_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg).astype(dt)
+        if cfg.qk_norm:
+            q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
+            k = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
+        q = rotary(q, positions, cfg.rope_theta)
+        k = rotary(k, positions, cfg.rope_theta)
+        q = constrain(q, ("batch", "length", "heads", "head_dim"))
+
+        new_cache = None
+        if layer_cache is not None:
+            # Write this call's keys/values at slots [cache_index, cache_index + T) and
+            # attend over the whole cache; the mask hides empty and padding slots.
+            k = jax.lax.dynamic_update_slice(
+                layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, cache_index, 0, 0)
+            )
+            v = jax.lax.dynamic_update_slice(
+                layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, cache_index, 0, 0)
+            )
+            new_cache = {"k": k, "v": v}
+            k, v = k.astype(dt), v.astype(dt)
+
+        b, t = x.shape[:2]
+        q = q.reshape(b, t, kv, h // kv, d)  # [B, T, KV, G, D]
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * d**-0.5
+        scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # [B, KV, G, T, S]
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+        out = jnp.einsum("bthd,hde->bte", out, wo.astype(dt))
+        return out, new_cache
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
+        gate = _param(self, "gate", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
+        up = _param(self, "up", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
+        down = _param(
+            self,
+            "down",
+            nn.initializers.normal(stddev=cfg.mlp_dim**-0.5),
+            (cfg.mlp_dim, cfg.d_model),
+            ("mlp", "embed"),
+            cfg,
+        )
+        dt = cfg.jnp_dtype
+        hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
+        hidden = constrain(hidden, ("batch", "length", "mlp"))
+        return hidden @ down.astype(dt)
+
+
+class Block(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
+        attn_out, new_cache = Attention(self.config, name="attn")(
+            RMSNorm(self.config, name="attn_norm")(x),
+            positions,
+            attn_mask,
+            layer_cache,
+            cache_index,
+        )
+        x = constrain(x + attn_out, ("batch", "length", "embed"))
+        x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="mlp_norm")(x))
+        return constrain(x, ("batch", "length", "embed")), new_cache
+
+
+class Transformer(nn.Module):
+    """The policy. Returns fp32 logits [B, T, V] (and the updated cache when given one)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, positions, mask=None, *, cache=None, cache_index=None, kv_mask=None):
+        # tokens, positions: [B, T] int32. Full forward: mask [B, T] marks valid tokens.
+        # Step forward: cache (see init_cache), cache_index scalar int32 (first slot
+        # written), kv_mask [B, S] marks valid cache slots (False for prompt padding).
+        cfg = self.config
+        b, t = tokens.shape
+        embedding = _param(
+            self,
+            "embedding",
+            nn.initializers.normal(stddev=1.0),
+            (cfg.vocab_size, cfg.d_model),
+            ("vocab", "embed"),
+            cfg,
+        )
+        x = jnp.take(embedding, tokens, axis=0).astype(cfg.jnp_dtype)
+        x = constrain(x, ("batch", "length", "embed"))
+
+        if cache is None:
+            if mask is None:
+                mask = jnp.ones((b, t), dtype=bool)
+            causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+            attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+        else:
+            s = cache[0]["k"].shape[1]
+            query_slot = cache_index + jnp.arange(t)  # [T]
+            causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # [T, S]
+            attn_mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
+
+        new_cache = []
+        for i in range(cfg.num_layers):
+            x, layer_cache = Block(cfg, name=f"layer_{i}")(
+                x, positions, attn_mask, None if cache is None else cache[i], cache_index
+            )
+            new_cache.append(layer_cache)
+        x = RMSNorm(cfg, name="final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = jnp.einsum("bte,ve->btv", x, embedding.astype(cfg.jnp_dtype))
+        else:
+            head = _param(
+                self,
+                "lm_head",
+                nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                (cfg.d_model, cfg.vocab_size),
+                ("embed", "vocab"),
+                cfg,
+            )
+            logits = x @ head.astype(cfg.jnp_dtype)
+        logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        if cache is None:
+            return logits
+        return logits, new_cache
+
+
+def init_cache(
+    config: ModelConfig, batch_size: int, cache_len: int | None = None, dtype: Any = None
+) -> list[dict[str, jax.Array]]:
+    """Zeroed KV cache: one {'k', 'v'} of [B, S, KV, D] per layer."""
+    cache_len = cache_len or config.max_len
+    if cache_len > config.max_len:
+        raise ValueError(f"cache length {cache_len} exceeds model.max_len={config.max_len}")
+    shape = (batch_size, cache_len, config.num_kv_heads, config.head_dim)
+    dtype = dtype or config.jnp_dtype
+    return [
+        {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+        for _ in range(config.num_layers)
+    ]
+
+
+CACHE_AXES = ("batch", "length", "kv_heads", "head_dim")
+
+
+def positions_from_mask(mask):
+    """Positions for a left-padded batch: 0 at each row's first valid token. mask: [B, T]."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def token_logprobs(logits, tokens):
+    """log p(tokens[t] | tokens[<t]) for t >= 1, and 0 at t = 0. logits: [B, T, V]."""
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0)))
+
+
+def token_entropy(logits):
+    """Entropy of next-token distributions, aligned like token_logprobs. [B, T]."""
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+# ---------------------------------------------------------------------------------------
+# Compute accounting (matmul FLOPs; the basis of MFU and of the generation/training cost).
+
+
+def param_count(config: ModelConfig, include_embedding: bool = True) -> int:
+    e, h, kv, d, m = (
+        config.d_model,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.mlp_dim,
+    )
+    per_layer = e * h * d * 2 + e * kv * d * 2 + 3 * e * m + 2 * e
+    total = config.num_layers * per_layer + e
+    if include_embedding:
+        total += config.vocab_size * e * (1 if config.tie_embeddings else 2)
+    return total
+
+
+def forward_flops_per_token(config: ModelConfig, context_len: float) -> float:
+    """Matmul FLOPs of one token's forward pass attending to `context_len` keys."""
+    e, h, kv, d, m = (
+        config.d_model,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.mlp_dim,
+    )
+    proj = 2 * e * (2 * h * d + 2 * kv * d) + 2 * 3 * e * m
+    attn = 2 * 2 * h * d * context_len
+    return config.num_layers * (proj + attn) + 2 * e * config.vocab_size
+
+
+def train_flops(config: ModelConfig, batch_size: int, seq_len: int) -> float:
+    """Forward + backward matmul FLOPs of one train step on [batch_size, seq_len] (3x forward).
+
+    Attention is counted over the full T x T score matrix, as the implementation computes it.
+    """
+    return 3.0 * batch_size * seq_len * forward_flops_per_token(config, seq_len)
+
+
+def generate_flops(
+    config: ModelConfig, batch_size: int, prompt_len: int, new_tokens: int, cache_len: int
+) -> float:
+    """FLOPs of prefill + decode with a KV cache of cache_len slots (as implemented)."""
+    prefill = batch_size * prompt_len * forward_flops_per_token(config, cache_len)
+    decode = batch_size * new_tokens * forward_flops_per_token(config, cache_len)
+    return prefill + decode

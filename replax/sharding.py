@@ -1,0 +1,185 @@
+"""Device mesh, logical-axis rules, and NamedSharding helpers.
+
+The mesh has three axes, `data`, `fsdp` and `tensor`, over all devices. Parameters and
+activations are named with logical axes (`replax.model`); a rule table, which lives in
+the config, maps each logical axis to zero or more mesh axes. The same code runs on one
+CPU device, on 8 simulated CPU devices and on a multi-host TPU slice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+LOGICAL_AXES = (
+    "batch",
+    "length",
+    "embed",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "mlp",
+    "vocab",
+    "buffer",
+)
+
+# Data parallel over data x fsdp; parameters sharded over fsdp (ZeRO-3 style) and
+# tensor-parallel over heads / mlp / vocab.
+DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("buffer", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+)
+
+
+def maybe_initialize_distributed() -> None:
+    """jax.distributed.initialize() when launched on several hosts (TPU pods, SLURM, ...)."""
+    multi_host = any(
+        v in os.environ for v in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES", "SLURM_NTASKS")
+    )
+    if multi_host and os.environ.get("TPU_WORKER_HOSTNAMES", "localhost") != "localhost":
+        if not jax.distributed.is_initialized():
+            jax.distributed.initialize()
+
+
+def validate_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, int, int]:
+    """Checks a (data, fsdp, tensor) shape against the device count; -1 means 'the rest'."""
+    shape = [int(s) for s in mesh_shape]
+    if len(shape) != len(MESH_AXES):
+        raise ValueError(
+            f"mesh.shape={tuple(shape)}: must have {len(MESH_AXES)} entries {MESH_AXES}"
+        )
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh.shape={tuple(shape)}: at most one entry may be -1")
+    if any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh.shape={tuple(shape)}: entries must be positive or -1")
+    known = int(np.prod([s for s in shape if s != -1]))
+    if -1 in shape:
+        if num_devices % known:
+            raise ValueError(
+                f"mesh.shape={tuple(shape)}: {known} does not divide the {num_devices} devices"
+            )
+        shape[shape.index(-1)] = num_devices // known
+    if int(np.prod(shape)) != num_devices:
+        raise ValueError(
+            f"mesh.shape={tuple(shape)} has {int(np.prod(shape))} devices, but "
+            f"{num_devices} are available: the product must equal the device count"
+        )
+    return tuple(shape)
+
+
+def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
+    """A Mesh with axes (data, fsdp, tensor) over all (or the given) devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = validate_mesh_shape(mesh_shape, len(devices))
+    try:
+        device_array = jax.experimental.mesh_utils.create_device_mesh(shape, devices=devices)
+    except Exception:  # noqa: BLE001 - fall back to plain order (e.g. CPU).
+        device_array = np.asarray(devices).reshape(shape)
+    return Mesh(device_array, MESH_AXES)
+
+
+def validate_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """Normalises a rule table and checks every name in it."""
+    out = []
+    for entry in rules:
+        if len(entry) != 2:
+            raise ValueError(f"mesh.rules entry {entry!r}: must be (logical_axis, mesh_axes)")
+        logical, mesh_axes = entry
+        if logical not in LOGICAL_AXES:
+            raise ValueError(
+                f"mesh.rules: unknown logical axis {logical!r}; allowed are {LOGICAL_AXES}"
+            )
+        targets = (
+            ()
+            if mesh_axes is None
+            else ((mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes))
+        )
+        for t in targets:
+            if t not in MESH_AXES:
+                raise ValueError(
+                    f"mesh.rules[{logical!r}]: unknown mesh axis {t!r}; allowed are {MESH_AXES}"
+                )
+        if isinstance(mesh_axes, list):
+            mesh_axes = tuple(mesh_axes)
+        out.append((logical, mesh_axes))
+    return tuple(out)
+
+
+def logical_to_spec(axes: Sequence[str | None], rules) -> PartitionSpec:
+    """PartitionSpec for a tuple of logical axis names under a rule table."""
+    for a in axes:
+        if a is not None and a not in LOGICAL_AXES:
+            raise ValueError(f"unknown logical axis {a!r}; allowed are {LOGICAL_AXES}")
+    return nn.logical_to_mesh_axes(tuple(axes), rules)
+
+
+def named(mesh: Mesh, axes: Sequence[str | None], rules) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(axes, rules))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def data_parallel_size(mesh: Mesh, rules) -> int:
+    """Number of shards of the `batch` axis: every batch must be divisible by it."""
+    spec = logical_to_spec(("batch",), rules)[0]
+    if spec is None:
+        return 1
+    names = (spec,) if isinstance(spec, str) else spec
+    return int(np.prod([mesh.shape[n] for n in names]))
+
+
+def check_batch(name: str, size: int, mesh: Mesh, rules) -> None:
+    """Raises a one-line error when the data axes do not divide a batch dimension."""
+    n = data_parallel_size(mesh, rules)
+    if size % n:
+        raise ValueError(
+            f"{name}={size} is not divisible by the {n} data-parallel shards of the mesh "
+            f"{dict(mesh.shape)}: use a multiple of {n}"
+        )
+
+
+def tree_shardings(mesh: Mesh, logical_tree, rules):
+    """Maps a pytree of logical-axis tuples (or nn.Partitioned boxes) to NamedShardings."""
+    specs = nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
+    return specs
+
+
+def params_shardings(mesh: Mesh, abstract_variables, rules):
+    """NamedShardings for (boxed) abstract parameters from `jax.eval_shape(model.init, ...)`."""
+    logical = nn.get_partition_spec(abstract_variables)
+    return nn.logical_to_mesh_sharding(logical, mesh, rules)
+
+
+@contextlib.contextmanager
+def activation_rules(mesh: Mesh, rules):
+    """Context under which the model's activation constraints resolve to this mesh."""
+    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
+        with nn.logical_axis_rules(rules):
+            yield
+
+
+def shard_batch(batch, mesh: Mesh, rules, axes=("batch",)):
+    """Places a host batch (pytree of arrays with leading batch dim) on the mesh."""
+
+    def put(x):
+        x = np.asarray(x) if not isinstance(x, jax.Array) else x
+        spec = logical_to_spec(tuple(axes) + (None,) * (x.ndim - len(axes)), rules)
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    return jax.tree_util.tree_map(put, batch)
