@@ -1,0 +1,167 @@
+r"""RL with experience replay on the embedded arithmetic task (the default run).
+
+Policy: a ~1M-parameter byte-level Llama-style decoder, warm-started by SFT on worked
+answers until it solves 15-40% of held-out prompts. Task: procedurally generated
+multi-step integer arithmetic, exact-answer reward. Algorithm: GRPO-style group
+advantages frozen at generation, PPO-clip against the stored behaviour log-probs, Adam
+at a constant rate, no KL. Buffer: FIFO ring buffer, uniform sampling with replacement.
+Hardware: 2 CPU cores (runs the same on a TPU slice). Expected: about 10 minutes,
+held-out greedy accuracy up by more than 25 points over the warm start.
+
+Variants:
+  replay    (default) R = 4 x 8 fresh rollouts per step, batch B = 64, capacity N = 256
+  onpolicy  N = B = R = 64, the usual GRPO set-up
+
+  python scripts/train.py --config=configs/arith.py:replay --workdir=/tmp/replax/arith
+"""
+
+import ml_collections
+
+from replax.config_utils import parse_variant
+
+VARIANTS = ("replay", "onpolicy")
+
+
+def get_config(arg=None):
+    variant = parse_variant(arg, VARIANTS, default="replay")
+    c = ml_collections.ConfigDict()
+    c.variant = variant
+    # Seed of everything random: init, data order, sampling.
+    c.seed = 0
+    # RL steps (one optimizer step each).
+    c.total_steps = 400
+
+    # The policy: a small Llama-style decoder over bytes.
+    c.model = ml_collections.ConfigDict()
+    c.model.vocab_size = 264
+    c.model.num_layers = 4
+    c.model.d_model = 128
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.head_dim = 32
+    c.model.mlp_dim = 512
+    c.model.max_len = 64
+    c.model.tie_embeddings = True
+    c.model.qkv_bias = False
+    c.model.qk_norm = False
+    c.model.param_dtype = "float32"
+    c.model.dtype = "float32"
+
+    # Device mesh (data, fsdp, tensor); -1 takes the remaining devices. Logical-axis rules.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.shape = (-1, 1, 1)
+    c.mesh.rules = (
+        ("batch", ("data", "fsdp")),
+        ("buffer", ("data", "fsdp")),
+        ("length", None),
+        ("embed", "fsdp"),
+        ("heads", "tensor"),
+        ("kv_heads", "tensor"),
+        ("head_dim", None),
+        ("mlp", "tensor"),
+        ("vocab", "tensor"),
+    )
+
+    # The verifiable-reward task and where its ArrayRecord data is built.
+    c.task = ml_collections.ConfigDict()
+    c.task.name = "arith"
+    # RL distribution: number of operands and their digits.
+    c.task.min_terms = 2
+    c.task.max_terms = 2
+    c.task.min_digits = 3
+    c.task.max_digits = 3
+    c.task.ops = "+"
+    c.task.max_mul_operand = 9
+    # Seed of the generated problems (fixed across run seeds: one held-out set).
+    c.task.data_seed = 0
+    c.task.num_train = 50_000
+    c.task.num_test = 2_000
+    # Directory of TFDS-built data; empty means WORKDIR/data.
+    c.task.data_dir = ""
+
+    # Warm start: SFT on worked answers until held-out accuracy is in [min, max].
+    c.warmstart = ml_collections.ConfigDict()
+    c.warmstart.enabled = True
+    c.warmstart.min_accuracy = 0.15
+    c.warmstart.max_accuracy = 0.40
+    c.warmstart.max_steps = 4000
+    c.warmstart.batch_size = 64
+    c.warmstart.learning_rate = 1e-3
+    c.warmstart.eval_every = 100
+    c.warmstart.eval_prompts = 256
+    # Where the base checkpoint is cached; empty means WORKDIR/base. Runs that share a
+    # seed and model can share one (scripts/compare.py does).
+    c.warmstart.cache_dir = ""
+
+    # Rollouts: R = prompts_per_step x group_size fresh completions per step.
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.prompts_per_step = 4
+    c.rollout.group_size = 8
+    c.rollout.max_prompt_len = 16
+    c.rollout.max_new_tokens = 8
+    c.rollout.temperature = 1.0
+    c.rollout.top_k = 0
+    c.rollout.top_p = 1.0
+
+    # The learner: batch B of rollouts sampled from the buffer each step.
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 64
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.learning_rate = 3e-5
+    c.optimizer.schedule = "constant"
+    c.optimizer.warmup_steps = 0
+    c.optimizer.weight_decay = 0.0
+    c.optimizer.grad_clip = 1.0
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+
+    # Replay store: FIFO ring buffer of capacity N.
+    c.replay = ml_collections.ConfigDict()
+    c.replay.mode = "fixed"  # 'fixed' or 'auto' (choose x = N/R and y = B/R online)
+    c.replay.capacity = 256
+    c.replay.strategy = "uniform"
+    c.replay.sample_mode = "local"
+    c.replay.delta = 0.3
+    c.replay.recency_tau = 8.0
+    c.replay.priority_alpha = 0.6
+    c.replay.priority_beta = 0.4
+    # 0 disables the age / reuse limits.
+    c.replay.max_age = 0
+    c.replay.max_reuse = 0
+    # Groups whose rewards are all equal have zero advantage: do not store them.
+    c.replay.drop_zero_advantage = True
+    # mu for planning in auto mode; 0 means measure it on this machine.
+    c.replay.mu = 0.0
+
+    # The objective on (possibly stale) rollouts.
+    c.loss = ml_collections.ConfigDict()
+    c.loss.name = "ppo"
+    c.loss.epsilon_low = 0.2
+    c.loss.epsilon_high = 0.2
+    c.loss.dual_clip = 3.0
+    c.loss.rho_max = 2.0
+    c.loss.asymre_delta_v = -0.1
+    c.loss.m2po_tau = 0.04
+    c.loss.kl_coef = 0.0
+    c.loss.entropy_coef = 0.0
+    c.loss.aggregation = "token_mean"
+    # Group-normalised advantages: divide by the group's std (GRPO) or not (Dr.GRPO).
+    c.loss.normalize_std = True
+
+    # Held-out evaluation: greedy pass@1, pass@k at temperature 1, token entropy.
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = 50
+    c.eval.num_prompts = 512
+    c.eval.pass_k = 8
+    c.eval.pass_k_prompts = 64
+
+    c.log_every = 1
+    c.checkpoint_every = 100
+
+    if variant == "onpolicy":
+        c.rollout.prompts_per_step = 8
+        c.replay.capacity = 64
+        c.optimizer.learning_rate = 1e-4
+        c.replay.drop_zero_advantage = False
+    return c

@@ -1,0 +1,45 @@
+"""Helpers shared by config files and scripts: variant parsing and config validation.
+
+Only scripts and the trainer read a ConfigDict; library code takes keyword arguments or
+small frozen dataclasses. Validation runs before any compute and raises ConfigError with
+one line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A bad configuration value: the message names the key and what is allowed."""
+
+
+def parse_variant(arg: str | None, allowed: tuple[str, ...], default: str) -> str:
+    """`configs/x.py:variant` -> variant, checked against the allowed names."""
+    variant = arg or default
+    if variant not in allowed:
+        raise ConfigError(f"config variant {variant!r}: allowed are {allowed}")
+    return variant
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def one_of(config: ml_collections.ConfigDict, key: str, allowed) -> None:
+    value = get(config, key)
+    require(value in allowed, f"{key}={value!r}: allowed are {tuple(allowed)}")
+
+
+def positive(config: ml_collections.ConfigDict, key: str, *, allow_zero=False) -> None:
+    value = get(config, key)
+    ok = value >= 0 if allow_zero else value > 0
+    require(ok, f"{key}={value}: must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def get(config: ml_collections.ConfigDict, key: str):
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node

@@ -1,0 +1,101 @@
+"""Held-out evaluation: greedy pass@1, pass@k at temperature 1, and mean token entropy.
+
+The prompts are encoded once; each call runs two compiled samplers (greedy and
+temperature 1) over fixed shapes, so evaluation never recompiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from replax import sampler as sampler_lib
+from replax import tokenizer as tokenizer_lib
+from replax.tasks import Example, Task
+
+
+def score(task: Task, tokenizer, completion_ids: np.ndarray, answers: Sequence[str]):
+    """Rewards of completions [B, N] against answers; a reward function that raises
+    scores 0 and is counted. Returns (rewards float32[B], number of reward errors)."""
+    rewards = np.zeros(len(answers), np.float32)
+    errors = 0
+    for i, (ids, answer) in enumerate(zip(completion_ids, answers)):
+        try:
+            rewards[i] = float(task.reward(tokenizer_lib.decode_completion(tokenizer, ids), answer))
+        except Exception:  # noqa: BLE001 - a reward bug must not crash a run.
+            errors += 1
+    return rewards, errors
+
+
+def pass_at_k(num_samples: int, num_correct: np.ndarray, k: int) -> np.ndarray:
+    """Unbiased pass@k estimate per prompt (Chen et al. 2021) from n samples, c correct."""
+    n = num_samples
+    out = np.ones(num_correct.shape, np.float64)
+    for i, c in enumerate(np.asarray(num_correct)):
+        if n - c >= k:
+            out[i] = 1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1))
+    return out
+
+
+class Evaluator:
+    def __init__(
+        self,
+        model_config,
+        tokenizer,
+        task: Task,
+        examples: Sequence[Example],
+        *,
+        max_prompt_len: int,
+        max_new_tokens: int,
+        pass_k: int = 8,
+        pass_k_prompts: int = 64,
+        mesh=None,
+        rules=None,
+    ):
+        self.task = task
+        self.tokenizer = tokenizer
+        self.examples = list(examples)
+        self.answers = [e.answer for e in self.examples]
+        self.prompt_ids, self.prompt_mask = tokenizer_lib.encode_prompts(
+            tokenizer, [e.prompt for e in self.examples], max_prompt_len
+        )
+        self.pass_k = pass_k
+        self.pass_k_prompts = min(pass_k_prompts, len(self.examples))
+        common = dict(
+            max_prompt_len=max_prompt_len,
+            max_new_tokens=max_new_tokens,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            mesh=mesh,
+            rules=rules,
+        )
+        self.greedy = sampler_lib.make_sampler(model_config, temperature=0.0, **common)
+        self.sample = sampler_lib.make_sampler(model_config, temperature=1.0, **common)
+
+    def accuracy(self, params, rng) -> float:
+        out = self.greedy.generate(params, self.prompt_ids, self.prompt_mask, rng)
+        rewards, _ = score(self.task, self.tokenizer, np.asarray(out.tokens), self.answers)
+        return float(rewards.mean())
+
+    def __call__(self, params, rng) -> dict[str, float]:
+        metrics = {"eval_accuracy": self.accuracy(params, rng)}
+        if self.pass_k > 0 and self.pass_k_prompts > 0:
+            k, p = self.pass_k, self.pass_k_prompts
+            ids = np.repeat(self.prompt_ids[:p], k, axis=0)
+            mask = np.repeat(self.prompt_mask[:p], k, axis=0)
+            out = self.sample.generate(params, ids, mask, rng)
+            rewards, _ = score(
+                self.task,
+                self.tokenizer,
+                np.asarray(out.tokens),
+                np.repeat(np.asarray(self.answers[:p], dtype=object), k),
+            )
+            correct = rewards.reshape(p, k).sum(axis=1)
+            metrics[f"eval_pass_at_{k}"] = float(pass_at_k(k, correct, k).mean())
+            metrics["eval_pass_at_k"] = metrics[f"eval_pass_at_{k}"]
+            # Mean per-token entropy of the policy at temperature 1, estimated by the
+            # mean negative log-probability of its own samples.
+            mask_out = np.asarray(out.mask, bool)
+            metrics["entropy"] = float(-np.asarray(out.logprobs)[mask_out].mean())
+        return metrics

@@ -1,0 +1,226 @@
+"""The jitted, sharded optimizer step on a batch of (possibly stale) rollouts.
+
+`make_train_step` returns one compiled function (state, batch) -> (state, metrics):
+forward the policy over prompt + completion, take log-probs of the stored tokens, apply
+the off-policy objective (`replax.objectives`, per sequence and vmapped), and take an
+optax step. Explicit in / out shardings on the mesh, the state donated.
+
+A batch is a dict of arrays with leading dimension B:
+  tokens              int32[B, L]   prompt (left-padded) + completion (pad after EOS)
+  attention_mask      bool[B, L]    valid tokens (prompt and completion)
+  loss_mask           float32[B, L] completion tokens that are trained on
+  behaviour_logprobs  float32[B, L] log-prob of each token under the generating policy
+  advantage, reward, baseline  float32[B]  frozen at generation
+  importance_weights  float32[B]    sampling correction of the replay strategy
+  age, times_sampled  int32[B]      staleness (steps) and reuse count of each rollout
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from replax import model as model_lib
+from replax import objectives, sharding
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with global-norm clipping and an optional warm-up + decay schedule."""
+
+    learning_rate: float = 1e-4
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    # Clip the global gradient norm to this value; 0 disables clipping.
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optimizer.schedule={self.schedule!r}: allowed are {SCHEDULES}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"optimizer.learning_rate={self.learning_rate} must be > 0")
+        if self.grad_clip < 0:
+            raise ValueError(f"optimizer.grad_clip={self.grad_clip} must be >= 0")
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    lr = config.learning_rate
+    if config.schedule == "constant":
+        schedule = optax.constant_schedule(lr)
+    elif config.schedule == "cosine":
+        schedule = optax.cosine_decay_schedule(lr, max(config.total_steps - config.warmup_steps, 1))
+    else:
+        schedule = optax.linear_schedule(lr, 0.0, max(config.total_steps - config.warmup_steps, 1))
+    if config.warmup_steps:
+        schedule = optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, config.warmup_steps), schedule],
+            [config.warmup_steps],
+        )
+    parts = []
+    if config.grad_clip:
+        parts.append(optax.clip_by_global_norm(config.grad_clip))
+    parts.append(
+        optax.adamw(
+            schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
+        )
+    )
+    return optax.chain(*parts)
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # int32[]
+    params: Any
+    opt_state: Any
+    # Frozen reference policy for the KL penalty; None when loss.kl_coef == 0.
+    reference_params: Any = None
+
+
+def init_train_state(
+    model: nn.Module, optimizer, rng, mesh, rules, *, with_reference=False, params=None
+):
+    """Initialises (or places given) params and optimizer state sharded on the mesh.
+
+    Returns (state, state_shardings). The shardings come from the parameters' logical
+    axis names through the rule table; the optimizer state follows its parameters.
+    """
+    dummy = jnp.zeros((1, 8), jnp.int32)
+
+    def init(rng):
+        boxed = model.init(rng, dummy, dummy)["params"]
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=boxed,
+            opt_state=optimizer.init(boxed),
+            reference_params=boxed if with_reference else None,
+        )
+
+    abstract = jax.eval_shape(init, rng)
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
+    with sharding.activation_rules(mesh, rules):
+        if params is None:
+            state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(rng)
+        else:
+
+            def from_params(p):
+                return TrainState(
+                    step=jnp.zeros((), jnp.int32),
+                    params=p,
+                    opt_state=optimizer.init(p),
+                    reference_params=p if with_reference else None,
+                )
+
+            state = jax.jit(from_params, out_shardings=shardings)(
+                jax.device_put(params, shardings.params)
+            )
+    return state, shardings
+
+
+BATCH_KEYS = (
+    "tokens",
+    "attention_mask",
+    "loss_mask",
+    "behaviour_logprobs",
+    "advantage",
+    "reward",
+    "baseline",
+    "importance_weights",
+    "age",
+    "times_sampled",
+)
+
+
+def batch_shardings(mesh, rules, example_batch: dict[str, Any]):
+    return {
+        k: sharding.named(mesh, ("batch",) + (None,) * (jnp.ndim(v) - 1), rules)
+        for k, v in example_batch.items()
+    }
+
+
+def make_train_step(
+    model: nn.Module,
+    optimizer,
+    loss_config: objectives.LossConfig,
+    mesh,
+    rules,
+    state_shardings,
+    batch_sharding,
+    *,
+    temperature: float = 1.0,
+):
+    """The compiled step (state, batch) -> (state, metrics); the state is donated.
+
+    temperature: the sampling temperature of the rollouts; the policy's log-probs are
+    taken at the same temperature, so on fresh rollouts pi / mu = 1 exactly.
+    """
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+
+    def logprobs_and_entropy(params, batch):
+        tokens, attn = batch["tokens"], batch["attention_mask"]
+        positions = model_lib.positions_from_mask(attn)
+        logits = model.apply({"params": params}, tokens, positions, attn) * scale  # [B, L, V]
+        return model_lib.token_logprobs(logits, tokens), model_lib.token_entropy(logits)
+
+    def loss_fn(params, reference_params, batch):
+        logprobs, entropy = logprobs_and_entropy(params, batch)
+        reference = None
+        if reference_params is not None:
+            reference, _ = logprobs_and_entropy(reference_params, batch)
+            reference = jax.lax.stop_gradient(reference)
+        loss, metrics = objectives.policy_loss(
+            logprobs,
+            batch["behaviour_logprobs"],
+            batch["loss_mask"],
+            batch["advantage"],
+            config=loss_config,
+            rewards=batch["reward"],
+            baselines=batch["baseline"],
+            reference_logprobs=reference,
+            entropy=jax.lax.stop_gradient(entropy),
+            sample_weights=batch["importance_weights"],
+        )
+        return loss, metrics
+
+    def step(state: TrainState, batch):
+        # LOSS AND GRADIENT
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, state.reference_params, batch
+        )
+        # OPTIMIZER UPDATE
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        # STALENESS STATISTICS
+        metrics = dict(metrics)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["replay_age_mean"] = jnp.mean(batch["age"].astype(jnp.float32))
+        metrics["replay_age_max"] = jnp.max(batch["age"])
+        metrics["replay_reuse_mean"] = jnp.mean(batch["times_sampled"].astype(jnp.float32))
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    jitted = jax.jit(
+        step,
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, sharding.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+
+    def run(state, batch):
+        with sharding.activation_rules(mesh, rules):
+            return jitted(state, batch)
+
+    run.jitted = jitted
+    return run
