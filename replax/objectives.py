@@ -1,0 +1,239 @@
+"""Advantages, off-policy corrections and policy losses for replayed rollouts.
+
+Shapes: R rollouts, G group size, B sequences in a batch, L tokens per sequence.
+The per-token math is written for one sequence and vmapped over the batch; the parts
+that need the whole batch (the M2PO mask, aggregation, metrics) come after.
+
+Log-probabilities: `logprobs` is the current policy pi_theta (the only input gradients
+flow through, besides `entropy` when entropy_coef > 0); `behaviour_logprobs` is mu, the
+policy that generated the rollout, frozen at generation; `proximal_logprobs` is AReaL's
+pi_prox; `reference_logprobs` the KL anchor. Losses are to be minimised.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+LOSSES = ("ppo", "tis", "topr", "asymre", "decoupled_ppo", "m2po", "reinforce")
+AGGREGATIONS = ("token_mean", "sequence_mean")
+
+
+def group_advantages(rewards, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6):
+    """Group-relative advantages. rewards: float[R], groups are consecutive runs of
+    group_size. Returns (advantages [R], baseline [R] = the group's mean reward).
+
+    normalize_std=True is GRPO, (r - mean) / (std + eps) with the population std;
+    False is Dr.GRPO, r - mean.
+    """
+    num_rollouts = rewards.shape[0]
+    if group_size < 1 or num_rollouts % group_size:
+        raise ValueError(f"{num_rollouts} rewards do not split into groups of {group_size}")
+    if normalize_std and group_size == 1:
+        raise ValueError("normalize_std needs group_size > 1: a group of one has no spread")
+    grouped = rewards.reshape(-1, group_size)  # [R / G, G]
+    baseline = jnp.broadcast_to(grouped.mean(axis=1, keepdims=True), grouped.shape)
+    advantages = grouped - baseline
+    if normalize_std:
+        advantages = advantages / (grouped.std(axis=1, keepdims=True) + eps)
+    return advantages.reshape(-1), baseline.reshape(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Which policy loss, and its constants.
+
+    name: `ppo` (clip pi / mu to [1 - epsilon_low, 1 + epsilon_high]; with dual_clip = c
+      the loss of a negative-advantage token is at most c |A|), `tis` (sg(min(pi / mu,
+      rho_max)) A log pi), `topr` (no IS weight for A >= 0, sg(clip(pi / mu, 0, 1)) for
+      A < 0), `asymre` ((r - (baseline + delta_v)) log pi, no ratio), `decoupled_ppo`
+      (clip pi / pi_prox, reweight by sg(min(pi_prox / mu, rho_max))), `m2po` (A pi / mu,
+      unclipped, over the tokens left once the largest squared log ratios are masked until
+      their batch mean is <= m2po_tau), `reinforce` (A log pi).
+    kl_coef: weight of the k3 estimate of KL(pi || reference). entropy_coef: weight of the
+      entropy bonus. aggregation: `token_mean` (sum over all tokens / tokens in the batch)
+      or `sequence_mean` (mean over each sequence's tokens, then over sequences).
+    """
+
+    name: str = "ppo"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    dual_clip: float | None = None
+    rho_max: float = 2.0
+    delta_v: float = -0.1
+    m2po_tau: float = 0.04
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    aggregation: str = "token_mean"
+
+    def __post_init__(self):
+        if self.name not in LOSSES:
+            raise ValueError(f"unknown loss {self.name!r}; allowed: {', '.join(LOSSES)}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"unknown aggregation {self.aggregation!r}; allowed: {', '.join(AGGREGATIONS)}"
+            )
+        if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
+            raise ValueError(
+                f"need 0 <= epsilon_low < 1 and epsilon_high >= 0; got "
+                f"{self.epsilon_low}, {self.epsilon_high}"
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip={self.dual_clip} must exceed 1")
+        if self.rho_max <= 0 or self.m2po_tau <= 0 or self.kl_coef < 0:
+            raise ValueError(
+                f"need rho_max > 0, m2po_tau > 0, kl_coef >= 0; got "
+                f"{self.rho_max}, {self.m2po_tau}, {self.kl_coef}"
+            )
+
+
+def _ppo_clip(ratio, advantage, config: LossConfig):
+    """PPO-clip per token: ratio [L], advantage [] -> (loss [L], clipped low, clipped high)."""
+    clipped_ratio = jnp.clip(ratio, 1 - config.epsilon_low, 1 + config.epsilon_high)
+    loss = -jnp.minimum(ratio * advantage, clipped_ratio * advantage)
+    if config.dual_clip is not None:
+        # Unclipped, a stale token with A < 0 costs ratio |A|, unbounded as ratio grows.
+        loss = jnp.where(advantage < 0, jnp.minimum(loss, -config.dual_clip * advantage), loss)
+    clipped_low = (advantage < 0) & (ratio < 1 - config.epsilon_low)
+    clipped_high = (advantage > 0) & (ratio > 1 + config.epsilon_high)
+    return loss, clipped_low, clipped_high
+
+
+def _sequence_token_loss(
+    config: LossConfig, logprobs, behaviour_logprobs, proximal_logprobs, advantage, reward, baseline
+):
+    """Per-token loss of ONE sequence. Log-probs [L]; advantage, reward, baseline [].
+    Returns (loss [L], clipped_low bool[L], clipped_high bool[L])."""
+    ratio = jnp.exp(logprobs - behaviour_logprobs)  # [L] pi / mu
+    never = jnp.zeros(logprobs.shape, bool)
+    sg = jax.lax.stop_gradient
+    if config.name == "reinforce":
+        return -advantage * logprobs, never, never
+    if config.name == "ppo":
+        return _ppo_clip(ratio, advantage, config)
+    if config.name == "tis":
+        weight = sg(jnp.minimum(ratio, config.rho_max))
+        return -weight * advantage * logprobs, never, ratio > config.rho_max
+    if config.name == "topr":
+        weight = jnp.where(advantage >= 0, 1.0, sg(jnp.clip(ratio, 0.0, 1.0)))
+        return -weight * advantage * logprobs, never, (advantage < 0) & (ratio > 1)
+    if config.name == "asymre":
+        return -(reward - (baseline + config.delta_v)) * logprobs, never, never
+    if config.name == "decoupled_ppo":
+        loss, clipped_low, clipped_high = _ppo_clip(
+            jnp.exp(logprobs - proximal_logprobs), advantage, config
+        )
+        behaviour_weight = sg(
+            jnp.minimum(jnp.exp(proximal_logprobs - behaviour_logprobs), config.rho_max)
+        )
+        return behaviour_weight * loss, clipped_low, clipped_high
+    # m2po: the batch-level mask is applied by the caller.
+    return -ratio * advantage, never, never
+
+
+def _m2po_keep(log_ratio, mask, tau: float):
+    """M2PO token mask [B, L]: drops the valid tokens with the largest squared log ratio
+    until the mean squared log ratio of the remaining valid tokens is <= tau."""
+    squared = jnp.where(mask > 0, log_ratio**2, -1.0).reshape(-1)  # [T], invalid sort last
+    order = jnp.argsort(-squared, stable=True)  # largest first
+    largest_first = jnp.maximum(squared[order], 0.0)
+    num_valid = jnp.sum(mask > 0)
+    dropped_sum = jnp.concatenate([jnp.zeros(1), jnp.cumsum(largest_first)])  # [T + 1]
+    num_dropped = jnp.arange(squared.shape[0] + 1)
+    # Dropping the largest value never raises the mean, so the first k that fits is minimal.
+    fits = (largest_first.sum() - dropped_sum <= tau * (num_valid - num_dropped)) | (
+        num_dropped >= num_valid
+    )
+    keep_sorted = jnp.arange(squared.shape[0]) >= jnp.argmax(fits)
+    keep = jnp.zeros(squared.shape, mask.dtype).at[order].set(keep_sorted)
+    return keep.reshape(mask.shape) * mask
+
+
+def policy_loss(
+    logprobs,
+    behaviour_logprobs,
+    mask,
+    advantages,
+    *,
+    config: LossConfig,
+    rewards=None,
+    baselines=None,
+    proximal_logprobs=None,
+    reference_logprobs=None,
+    entropy=None,
+    sample_weights=None,
+):
+    """Policy loss of a batch. Log-probs and mask [B, L]; advantages, rewards, baselines,
+    sample_weights [B] (sample_weights multiply each sequence's loss, e.g. priority-replay
+    importance weights). Returns (loss scalar, metrics dict of scalars)."""
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs must be [B, L], got {logprobs.shape}")
+    for name, value in dict(
+        behaviour_logprobs=behaviour_logprobs,
+        mask=mask,
+        proximal_logprobs=proximal_logprobs,
+        reference_logprobs=reference_logprobs,
+        entropy=entropy,
+    ).items():
+        if value is not None and value.shape != logprobs.shape:
+            raise ValueError(f"{name} has shape {value.shape}, logprobs {logprobs.shape}")
+    if config.name == "asymre" and (rewards is None or baselines is None):
+        raise ValueError("the asymre loss needs rewards and baselines")
+    sg = jax.lax.stop_gradient
+    batch_size = logprobs.shape[0]
+    mask = sg(mask).astype(jnp.float32)
+    behaviour_logprobs = sg(behaviour_logprobs)
+    proximal_logprobs = sg(logprobs if proximal_logprobs is None else proximal_logprobs)
+    zeros = jnp.zeros(batch_size, jnp.float32)
+    rewards = zeros if rewards is None else sg(rewards)
+    baselines = zeros if baselines is None else sg(baselines)
+    sample_weights = jnp.ones(batch_size) if sample_weights is None else sg(sample_weights)
+
+    # Per sequence, vmapped over the batch.
+    per_sequence = jax.vmap(functools.partial(_sequence_token_loss, config))
+    token_loss, clipped_low, clipped_high = per_sequence(
+        logprobs, behaviour_logprobs, proximal_logprobs, sg(advantages), rewards, baselines
+    )  # [B, L] each
+
+    # Batch-level terms.
+    log_ratio = sg(logprobs) - behaviour_logprobs  # [B, L] log pi / mu
+    num_tokens = jnp.maximum(mask.sum(), 1.0)
+    token_mean = lambda x: jnp.sum(x * mask) / num_tokens
+    metrics = {}
+    if config.name == "m2po":
+        keep = _m2po_keep(log_ratio, mask, config.m2po_tau)
+        token_loss = token_loss * keep
+        metrics["m2po_mask_frac"] = 1.0 - keep.sum() / num_tokens
+    if reference_logprobs is not None:
+        log_ref_ratio = sg(reference_logprobs) - logprobs
+        kl = jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0  # [B, L] k3 estimator
+        token_loss = token_loss + config.kl_coef * kl
+        metrics["kl"] = sg(token_mean(kl))
+    if entropy is not None:
+        token_loss = token_loss - config.entropy_coef * entropy
+        metrics["entropy"] = sg(token_mean(entropy))
+
+    # Aggregation.
+    weighted = token_loss * mask * sample_weights[:, None]  # [B, L]
+    if config.aggregation == "token_mean":
+        loss = weighted.sum() / num_tokens
+    else:
+        tokens_per_sequence = mask.sum(axis=1)  # [B]
+        sequence_loss = weighted.sum(axis=1) / jnp.maximum(tokens_per_sequence, 1.0)
+        loss = sequence_loss.sum() / jnp.maximum(jnp.sum(tokens_per_sequence > 0), 1)
+
+    # Metrics.
+    ratio = jnp.exp(log_ratio)
+    log_w = jnp.sum(log_ratio * mask, axis=1)  # [B] log of the sequence IS weight
+    w = jnp.exp(log_w - log_w.max())  # rescaled: the ESS is scale-free
+    metrics.update(
+        loss=sg(loss),
+        clip_frac_low=token_mean(clipped_low),
+        clip_frac_high=token_mean(clipped_high),
+        is_ratio_mean=token_mean(ratio),
+        is_ratio_max=jnp.max(jnp.where(mask > 0, ratio, 0.0)),
+        is_ess=w.sum() ** 2 / (batch_size * jnp.sum(w**2)),
+    )
+    metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
+    return loss, metrics
