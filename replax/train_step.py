@@ -189,7 +189,8 @@ def make_train_step(
             rewards=batch["reward"],
             baselines=batch["baseline"],
             reference_logprobs=reference,
-            entropy=jax.lax.stop_gradient(entropy),
+            # Differentiable only when the entropy bonus is on: no backward pass otherwise.
+            entropy=entropy if loss_config.entropy_coef else jax.lax.stop_gradient(entropy),
             sample_weights=batch["importance_weights"],
         )
         return loss, metrics
