@@ -218,9 +218,12 @@ class ReplayBuffer:
             num_offered=state.num_offered + num_rows,
         )
 
-    def sample(self, state: ReplayState, rng, batch_size: int, step):
+    def sample(self, state: ReplayState, rng, batch_size: int, step, max_age=None):
         """Draws batch_size items (static). Returns (state with times_sampled updated,
-        batch pytree with leaves [B, ...] shard-major in local mode, SampleInfo)."""
+        batch pytree with leaves [B, ...] shard-major in local mode, SampleInfo).
+
+        max_age: optional int (may be traced) that replaces the static `max_age` for this
+        draw, so a controller can move the staleness limit without recompiling."""
         num_pools = self.num_shards if self.sample_mode == "local" else 1
         pool_size = self.capacity // num_pools
         if batch_size % num_pools:
@@ -244,8 +247,9 @@ class ReplayBuffer:
             pool_eligible = functools.partial(_positive_bias_eligible, keep_size, self.delta)
             pooled = _split((state.valid, state.serial, correct), num_pools)
             eligible = _merge(jax.vmap(pool_eligible)(*pooled))
-        if self.max_age is not None:
-            eligible &= age <= self.max_age
+        max_age = self.max_age if max_age is None else max_age
+        if max_age is not None:
+            eligible &= age <= max_age
         if self.max_reuse is not None:
             eligible &= state.times_sampled < self.max_reuse
         log_weight = jnp.zeros(self.capacity, jnp.float32)

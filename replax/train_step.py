@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from replax import auto_replay, objectives, sharding
 from replax import model as model_lib
-from replax import objectives, sharding
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -160,11 +160,15 @@ def make_train_step(
     batch_sharding,
     *,
     temperature: float = 1.0,
+    half_batch_stats: bool = False,
 ):
     """The compiled step (state, batch) -> (state, metrics); the state is donated.
 
     temperature: the sampling temperature of the rollouts; the policy's log-probs are
     taken at the same temperature, so on fresh rollouts pi / mu = 1 exactly.
+    half_batch_stats: take the gradient as the mean of the freshest and the stalest half
+    of the batch (one vmapped backward pass) and add their statistics (`halves_*`, see
+    `replax.auto_replay.half_batch_gradient_stats`) to the metrics; auto replay reads them.
     """
     scale = 1.0 / temperature if temperature > 0 else 1.0
 
@@ -197,9 +201,16 @@ def make_train_step(
 
     def step(state: TrainState, batch):
         # LOSS AND GRADIENT
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, state.reference_params, batch
-        )
+        if half_batch_stats:
+            grad_fn = lambda p, b: jax.grad(loss_fn, has_aux=True)(p, state.reference_params, b)
+            grads, metrics, halves = auto_replay.half_batch_gradient_stats(
+                grad_fn, state.params, batch
+            )
+            metrics = {**metrics, **halves}
+        else:
+            (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                state.params, state.reference_params, batch
+            )
         # OPTIMIZER UPDATE
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

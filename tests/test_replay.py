@@ -204,6 +204,18 @@ def test_max_age_makes_old_items_ineligible_and_falls_back_when_none_left():
     assert set(np.unique(indices)) == set(range(8))  # nothing eligible: all valid items
 
 
+def test_traced_max_age_overrides_the_static_one_without_recompiling():
+    buffer, state = filled_buffer("uniform", max_age=1)
+    sample = jax.jit(lambda state, key, limit: buffer.sample(state, key, 64, 4, max_age=limit)[2])
+    for limit, expected in ((0, set()), (1, {6, 7}), (2, {4, 5, 6, 7})):
+        info = sample(state, jax.random.key(limit), jnp.int32(limit))
+        drawn = set(np.unique(np.asarray(info.indices)))
+        # max_age=0 leaves nothing eligible at step 4 (newest items are from step 3):
+        # the draw falls back to every valid item.
+        assert drawn == (expected or set(range(8)))
+    assert sample._cache_size() == 1
+
+
 def test_max_reuse_makes_used_items_ineligible():
     buffer = make_replay_buffer(capacity=4, max_reuse=1)
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2, 3, 4]), 0)

@@ -1,0 +1,456 @@
+r"""Auto replay: choose the replay ratio y and the staleness horizon x online.
+
+The paper's design objective (../shared/paper.md), for a staleness horizon x = N / R
+steps and a replay ratio y = B / R, is
+
+    J(x, y) = sigma^2(x) (1 + y / mu) (1 / y + 1 / x + rho),
+
+mu the generation / training cost per rollout, sigma^2(x) the gradient variance of a
+buffer whose rollouts live x steps and rho the part of the variance that does not
+average out. For sigma(x) = (x / tau)^alpha, alpha < 1/2, its minimiser is
+
+    y* = (-alpha + sqrt(alpha^2 + mu rho (1 - 2 alpha))) / rho
+       = mu (1 - 2 alpha) / (alpha + sqrt(alpha^2 + mu rho (1 - 2 alpha)))
+    x* = y*^2 / (2 alpha (mu + y*))   (equivalently y* = sqrt(mu / (rho + 1 / x*))).
+
+Derivation check: dJ/dy = 0 gives y^2 = mu / (rho + 1/x); dJ/dx = 0 gives
+2 alpha (1/y + 1/x + rho) = 1/x; eliminating 1/x gives rho y^2 + 2 alpha y -
+(1 - 2 alpha) mu = 0, whose positive root is y* above, and 1/x* = mu / y*^2 - rho =
+2 alpha (mu + y*) / y*^2. `numeric_optimal_design` minimises J directly; the tests check
+that both agree, so the closed form is used. The second form of y* is the same number
+without the 0/0 at rho = 0 (where y* = mu (1 - 2 alpha) / (2 alpha)); at alpha = 0 the
+horizon is unbounded (x* = inf) and y* = sqrt(mu / rho).
+
+The knobs. Shapes stay static, so B and the rollouts per generation R are fixed and the
+controller acts through
+  (a) the generation period k: R fresh rollouts are generated only on some steps (a
+      credit accumulator: generate when credit >= 1, then credit -= 1; credit += 1/k each
+      step), which sets the effective replay ratio y = B / (R / k) = k B / R >= B / R;
+  (b) the staleness horizon x in steps, enforced as a dynamic max age when sampling
+      (items older than x - 1 steps are ineligible). The physical capacity N bounds it:
+      a rollout is evicted after N / R generations, k N / R steps. The horizon is kept at
+      least k (the latest generation is always eligible) and at least `min_horizon` (2:
+      the batch must mix ages for alpha to be measurable).
+
+The estimators. mu: an EMA of generation seconds per generated rollout over an EMA of
+training seconds per trained rollout, unless `mu_override` plans for another machine.
+alpha and rho come from statistics the train step returns at no extra backward cost
+(`half_batch_gradient_stats`): the batch is split by age into its freshest and stalest
+halves of b = B / 2 rollouts, the gradient of each half is taken in one vmapped backward
+pass, and (g_A fresh, g_B stale)
+
+    cross        S   = g_A . g_B
+    noise_fresh  n_A = |g_A|^2 - S
+    noise_stale  n_B = |g_B|^2 - S
+    age_fresh, age_stale: the halves' mean ages (steps).
+
+With per-rollout gradients g + e_i, per-rollout noise variance s^2(age) (trace) and a
+covariance between rollouts that no averaging removes, E[n_A] = s^2(age_A) / b up to
+that shared part, and E[S] = |g|^2 + (shared covariance): the halves come from disjoint
+age ranges, hence from different generations and different buffer slots, so the
+finite-buffer (1/x) noise does not enter S.
+  alpha: sigma^2(a) ~ (a + 1)^(2 alpha) (a fresh rollout counts as age 1), so
+    log(n_B / n_A) = 2 alpha log((age_B + 1) / (age_A + 1)). Each planning window pools
+    its n_A, n_B and ages into one point (u, v) = (log age ratio, log noise ratio); alpha
+    is the slope / 2 of an exponentially weighted regression through the origin, with the
+    prior alpha_init entered as one pseudo-point at u = log 2. Clipped to
+    [alpha_min, alpha_max] (alpha_max < 1/2: beyond it on-policy is optimal anyway).
+  rho: the step gradient's second moment is E|G|^2 = s^2 (1/B + 1/N) + (|g|^2 + shared
+    covariance); in J's normalisation (multiply by R / s^2) the bracket is
+    1/y + 1/x + rho, so the part that does not average out is
+        rho = R S / s^2,   s^2 = b (n_A + n_B) / 2,
+    i.e. R / B_noise with B_noise = s^2 / S the gradient noise scale (McCandlish et al.
+    2018). R is the configured rollouts per generation, the fixed R of the paper's
+    analysis; the controller then realises the planned ratio y* with B fixed through the
+    period. Windowed sums, then an EMA, clipped to [rho_min, rho_max].
+The plan (x*, y*) is recomputed every `update_every` observed steps. Rollouts dropped as
+zero-advantage make the real R smaller than planned; the plan ignores that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+# ------------------------------------------------------------------ the optimal design
+
+
+def design_objective(x: float, y: float, *, mu: float, rho: float, alpha: float) -> float:
+    """J(x, y) with sigma(x) = x^alpha (tau = 1: tau only scales J)."""
+    return x ** (2 * alpha) * (1 + y / mu) * (1 / y + 1 / x + rho)
+
+
+def optimal_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
+    """The closed-form minimiser (x*, y*) of J; x* is inf when alpha == 0."""
+    if not (mu > 0 and rho >= 0 and 0 <= alpha < 0.5) or (alpha == 0 and rho == 0):
+        raise ValueError(
+            f"need mu > 0, rho >= 0, 0 <= alpha < 1/2, not both alpha and rho 0; got "
+            f"mu={mu}, rho={rho}, alpha={alpha}"
+        )
+    root = math.sqrt(alpha**2 + mu * rho * (1 - 2 * alpha))
+    y = mu * (1 - 2 * alpha) / (alpha + root)
+    x = math.inf if alpha == 0 else y**2 / (2 * alpha * (mu + y))
+    return x, y
+
+
+def _golden_section(f, lo: float, hi: float, iterations: int = 120) -> float:
+    """Minimiser of a unimodal f on [lo, hi]."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iterations):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def numeric_optimal_design(
+    mu: float, rho: float, alpha: float, bounds: tuple[float, float] = (1e-4, 1e6)
+) -> tuple[float, float]:
+    """Minimises J numerically: golden section over log x of min over log y (J is
+    unimodal in log y for fixed x, and so is the profile in log x when alpha < 1/2)."""
+    lo, hi = math.log(bounds[0]), math.log(bounds[1])
+
+    def best_log_y(log_x):
+        x = math.exp(log_x)
+        return _golden_section(
+            lambda ly: design_objective(x, math.exp(ly), mu=mu, rho=rho, alpha=alpha), lo, hi
+        )
+
+    def profile(log_x):
+        return design_objective(
+            math.exp(log_x), math.exp(best_log_y(log_x)), mu=mu, rho=rho, alpha=alpha
+        )
+
+    log_x = _golden_section(profile, lo, hi)
+    return math.exp(log_x), math.exp(best_log_y(log_x))
+
+
+# ------------------------------------------------------------ statistics in the train step
+
+
+def half_batch_gradient_stats(grad_fn, params, batch):
+    """Gradient of the batch as the mean of its freshest and stalest halves.
+
+    grad_fn(params, batch) -> (grads, metrics): the gradient (and scalar metrics) of a
+    batch; it is vmapped over the two halves, so the backward cost is that of one batch.
+    batch: dict of arrays with leading axis B (even), including `age` int[B].
+    Returns (grads, metrics, stats): grads the mean of the halves' gradients (equal to the
+    batch gradient for a per-sequence mean loss; for a token mean, each half's tokens are
+    averaged separately); metrics averaged over the halves (`*_max` keys: max); stats the
+    scalars described in the module docstring (cross, noise_fresh, noise_stale,
+    age_fresh, age_stale; prefixed `halves_`).
+    """
+    age = batch["age"]
+    batch_size = age.shape[0]
+    if batch_size % 2:
+        raise ValueError(f"half_batch_gradient_stats: batch size {batch_size} is odd")
+    half = batch_size // 2
+    order = jnp.argsort(age, stable=True)  # freshest first
+    halves = jax.tree.map(lambda x: x[order].reshape(2, half, *x.shape[1:]), batch)
+    grads2, metrics2 = jax.vmap(grad_fn, in_axes=(None, 0))(params, halves)
+    grad_fresh = jax.tree.map(lambda g: g[0], grads2)
+    grad_stale = jax.tree.map(lambda g: g[1], grads2)
+    grads = jax.tree.map(lambda g: 0.5 * (g[0] + g[1]), grads2)
+    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in metrics2.items()}
+    cross = optax.tree_utils.tree_vdot(grad_fresh, grad_stale)
+    ages = halves["age"].astype(jnp.float32).mean(axis=1)  # [2]
+    stats = {
+        "halves_cross": cross,
+        "halves_noise_fresh": optax.tree_utils.tree_vdot(grad_fresh, grad_fresh) - cross,
+        "halves_noise_stale": optax.tree_utils.tree_vdot(grad_stale, grad_stale) - cross,
+        "halves_age_fresh": ages[0],
+        "halves_age_stale": ages[1],
+    }
+    return grads, metrics, stats
+
+
+STAT_KEYS = (
+    "halves_cross",
+    "halves_noise_fresh",
+    "halves_noise_stale",
+    "halves_age_fresh",
+    "halves_age_stale",
+)
+
+
+# ------------------------------------------------------------------------ estimators
+
+
+def alpha_point(noise_fresh, noise_stale, age_fresh, age_stale) -> tuple[float, float] | None:
+    """One regression point (u, v) = (log age ratio, log noise ratio) from pooled half
+    statistics, or None when it carries no information (equal ages, noise <= 0)."""
+    u = math.log((age_stale + 1.0) / (age_fresh + 1.0))
+    if u < 1e-3 or noise_fresh <= 0 or noise_stale <= 0:
+        return None
+    return u, math.log(noise_stale / noise_fresh)
+
+
+def rho_estimate(cross, noise_fresh, noise_stale, *, half_size, rollouts_per_generation):
+    """rho = R S / s^2 with s^2 = b (n_A + n_B) / 2 (pooled sums are fine: the ratio is
+    scale-free in the number of steps pooled). None when the noise is not positive."""
+    per_rollout_noise = half_size * (noise_fresh + noise_stale) / 2
+    if per_rollout_noise <= 0:
+        return None
+    return rollouts_per_generation * cross / per_rollout_noise
+
+
+def _clip(value, lo, hi):
+    return min(max(value, lo), hi)
+
+
+class AutoReplayController:
+    """Plans the generation period and the staleness horizon from online estimates.
+
+    Per step, in order: `should_generate(step)` (generate R fresh rollouts this step?),
+    `max_age()` (the sampling limit for this step), then after the step
+    `observe(gen_s=..., train_s=..., stats=...)` with gen_s only on generating steps and
+    stats the `halves_*` scalars of the train step. `metrics()` is what to log.
+    """
+
+    _CONFIG = (
+        "rollouts_per_generation",
+        "batch_size",
+        "capacity",
+        "mu_override",
+        "update_every",
+        "alpha_init",
+        "rho_init",
+        "mu_init",
+        "ema",
+        "alpha_range",
+        "rho_range",
+        "mu_range",
+        "max_period",
+        "min_horizon",
+        "warmup",
+    )
+
+    def __init__(
+        self,
+        *,
+        rollouts_per_generation: int,
+        batch_size: int,
+        capacity: int,
+        mu_override: float | None = None,
+        update_every: int = 10,
+        alpha_init: float = 0.25,
+        rho_init: float = 0.1,
+        mu_init: float = 1.0,
+        ema: float = 0.8,
+        alpha_range: tuple[float, float] = (0.02, 0.45),
+        rho_range: tuple[float, float] = (1e-3, 1e3),
+        mu_range: tuple[float, float] = (1e-2, 1e3),
+        max_period: int = 8,
+        min_horizon: int = 2,
+        warmup: int = 1,
+    ):
+        if min(rollouts_per_generation, batch_size, capacity, update_every, max_period) < 1:
+            raise ValueError("rollouts, batch size, capacity, update_every, max_period >= 1")
+        if capacity < rollouts_per_generation:
+            raise ValueError(f"capacity={capacity} < rollouts_per_generation")
+        if not 0 <= ema < 1:
+            raise ValueError(f"ema={ema} must lie in [0, 1)")
+        self.rollouts_per_generation = rollouts_per_generation
+        self.batch_size = batch_size
+        self.capacity = capacity
+        self.mu_override = mu_override if mu_override and mu_override > 0 else None
+        self.update_every = update_every
+        self.alpha_init, self.rho_init, self.mu_init = alpha_init, rho_init, mu_init
+        self.ema = ema
+        self.alpha_range = tuple(alpha_range)
+        self.rho_range = tuple(rho_range)
+        self.mu_range = tuple(mu_range)
+        self.max_period = max_period
+        self.min_horizon = min_horizon
+        # Warm-up observations of each timer are skipped (they include compilation).
+        self.warmup = warmup
+        # Timers: EMAs of seconds per generated / trained rollout, and counts seen.
+        self.gen_per_rollout: float | None = None
+        self.train_per_rollout: float | None = None
+        self.gen_seen = 0
+        self.train_seen = 0
+        # Estimates.
+        self.alpha = alpha_init
+        self.rho = rho_init
+        # Regression through the origin, prior as one pseudo-point at u = log 2.
+        u0 = math.log(2.0)
+        self.reg_uu = u0 * u0
+        self.reg_uv = u0 * u0 * 2 * alpha_init
+        # Statistics pooled over the current planning window.
+        self.window = dict.fromkeys(STAT_KEYS, 0.0)
+        self.window_steps = 0
+        self.observed = 0
+        # Plan and the generation credit.
+        self.credit = 1.0
+        self.last_step: int | None = None
+        self.last_generate = True
+        self.x_opt = self.y_opt = math.nan
+        self.period = 1.0
+        self.horizon = float(max(min_horizon, 1))
+        self._plan()
+
+    # ---------------------------------------------------------------- decisions
+
+    @property
+    def mu(self) -> float:
+        if self.mu_override is not None:
+            return self.mu_override
+        if self.gen_per_rollout is None or not self.train_per_rollout:
+            return self.mu_init
+        return _clip(self.gen_per_rollout / self.train_per_rollout, *self.mu_range)
+
+    def should_generate(self, step: int) -> bool:
+        """Whether to generate on `step` (asked once per step; repeated asks agree)."""
+        step = int(step)
+        if step == self.last_step:
+            return self.last_generate
+        generate = self.credit >= 1.0 - 1e-9 or self.last_step is None
+        if generate:
+            self.credit = max(self.credit - 1.0, 0.0)
+        self.credit += 1.0 / self.period  # stays below 1 + 1/period: no bursts
+        self.last_step, self.last_generate = step, generate
+        return generate
+
+    def max_age(self) -> int:
+        """Items older than this many steps are not sampled."""
+        return max(int(math.ceil(self.horizon - 1e-9)) - 1, 0)
+
+    # ------------------------------------------------------------- observations
+
+    def observe(self, gen_s: float | None = None, train_s: float | None = None, stats=None):
+        """Feeds one step's timings (seconds of this step) and half-batch statistics."""
+        if gen_s is not None:
+            self.gen_seen += 1
+            if self.gen_seen > self.warmup:
+                value = float(gen_s) / self.rollouts_per_generation
+                self.gen_per_rollout = self._smooth(self.gen_per_rollout, value)
+        if train_s is not None:
+            self.train_seen += 1
+            if self.train_seen > self.warmup:
+                value = float(train_s) / self.batch_size
+                self.train_per_rollout = self._smooth(self.train_per_rollout, value)
+        if stats:
+            values = {k: float(stats[k]) for k in STAT_KEYS}
+            if all(math.isfinite(v) for v in values.values()):
+                for k, v in values.items():
+                    self.window[k] += v
+                self.window_steps += 1
+        self.observed += 1
+        if self.observed % self.update_every == 0:
+            self._update_estimates()
+            self._plan()
+
+    def _smooth(self, old, new):
+        return new if old is None else self.ema * old + (1 - self.ema) * new
+
+    def _update_estimates(self):
+        n = self.window_steps
+        if n:
+            w = {k: v / n for k, v in self.window.items()}
+            point = alpha_point(
+                w["halves_noise_fresh"],
+                w["halves_noise_stale"],
+                w["halves_age_fresh"],
+                w["halves_age_stale"],
+            )
+            if point is not None:
+                u, v = point
+                self.reg_uu = self.ema * self.reg_uu + u * u
+                self.reg_uv = self.ema * self.reg_uv + u * v
+                self.alpha = _clip(self.reg_uv / self.reg_uu / 2, *self.alpha_range)
+            rho = rho_estimate(
+                w["halves_cross"],
+                w["halves_noise_fresh"],
+                w["halves_noise_stale"],
+                half_size=self.batch_size // 2,
+                rollouts_per_generation=self.rollouts_per_generation,
+            )
+            if rho is not None:
+                rho = _clip(rho, *self.rho_range)
+                # EMA in log space: rho spans orders of magnitude.
+                self.rho = math.exp(self.ema * math.log(self.rho) + (1 - self.ema) * math.log(rho))
+        self.window = dict.fromkeys(STAT_KEYS, 0.0)
+        self.window_steps = 0
+
+    def _plan(self):
+        x, y = optimal_design(self.mu, self.rho, self.alpha)
+        self.x_opt, self.y_opt = x, y
+        r, b = self.rollouts_per_generation, self.batch_size
+        self.period = _clip(y * r / b, 1.0, float(self.max_period))
+        longest = self.period * self.capacity / r  # steps a rollout survives in the ring
+        shortest = max(self.period, float(self.min_horizon))
+        self.horizon = _clip(x, min(shortest, longest), longest)
+
+    # ---------------------------------------------------------------- reporting
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "auto_mu": self.mu,
+            "auto_alpha": self.alpha,
+            "auto_rho": self.rho,
+            "auto_y": self.period * self.batch_size / self.rollouts_per_generation,
+            "auto_x": self.horizon,
+            "auto_y_opt": self.y_opt,
+            "auto_x_opt": self.x_opt if math.isfinite(self.x_opt) else None,
+            "auto_period": self.period,
+            "auto_max_age": self.max_age(),
+            "auto_generate": int(self.last_generate),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state (for checkpoints)."""
+        state = {k: getattr(self, k) for k in self._CONFIG}
+        for k in ("alpha_range", "rho_range", "mu_range"):
+            state[k] = list(state[k])
+        state.update(
+            gen_per_rollout=self.gen_per_rollout,
+            train_per_rollout=self.train_per_rollout,
+            gen_seen=self.gen_seen,
+            train_seen=self.train_seen,
+            alpha=self.alpha,
+            rho=self.rho,
+            reg_uu=self.reg_uu,
+            reg_uv=self.reg_uv,
+            window=dict(self.window),
+            window_steps=self.window_steps,
+            observed=self.observed,
+            credit=self.credit,
+            last_step=self.last_step,
+            last_generate=self.last_generate,
+        )
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> AutoReplayController:
+        controller = cls(**{k: state[k] for k in cls._CONFIG})
+        for k in (
+            "gen_per_rollout",
+            "train_per_rollout",
+            "gen_seen",
+            "train_seen",
+            "alpha",
+            "rho",
+            "reg_uu",
+            "reg_uv",
+            "window_steps",
+            "observed",
+            "credit",
+            "last_step",
+            "last_generate",
+        ):
+            setattr(controller, k, state[k])
+        controller.window = dict(state["window"])
+        controller._plan()
+        return controller

@@ -1,0 +1,273 @@
+"""Tests for replax/auto_replay.py: the optimal design, the estimators, the controller."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from replax import auto_replay
+from replax.auto_replay import (
+    AutoReplayController,
+    numeric_optimal_design,
+    optimal_design,
+)
+
+# ---------------------------------------------------------------- the optimal design
+
+
+@pytest.mark.parametrize(
+    "mu, rho, alpha",
+    [(6.0, 0.1, 0.25), (0.4, 0.1, 0.25), (6.0, 1.0, 0.1), (10.0, 0.01, 0.4), (6.0, 0.0, 0.2)],
+)
+def test_closed_form_matches_the_numeric_minimiser(mu, rho, alpha):
+    x, y = optimal_design(mu, rho, alpha)
+    x_num, y_num = numeric_optimal_design(mu, rho, alpha)
+    np.testing.assert_allclose([x, y], [x_num, y_num], rtol=1e-5)
+    # The paper's first-order condition in y holds at the optimum.
+    np.testing.assert_allclose(y, math.sqrt(mu / (rho + 1 / x)), rtol=1e-9)
+    # And it is a minimum: J is larger a little away in each direction.
+    j = auto_replay.design_objective(x, y, mu=mu, rho=rho, alpha=alpha)
+    for dx, dy in ((1.1, 1), (0.9, 1), (1, 1.1), (1, 0.9)):
+        assert auto_replay.design_objective(x * dx, y * dy, mu=mu, rho=rho, alpha=alpha) > j
+
+
+def test_hand_checked_design_and_limits():
+    # mu = 6, rho = 0.5, alpha = 0.25: y = -0.25 + sqrt(0.0625 + 1.5)) / 0.5 = 2,
+    # x = 4 / (0.5 * 8) = 1.
+    np.testing.assert_allclose(optimal_design(6.0, 0.5, 0.25), (1.0, 2.0))
+    # alpha = 0: no variance growth, keep everything; y = sqrt(mu / rho).
+    x, y = optimal_design(4.0, 1.0, 0.0)
+    assert x == math.inf and y == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        optimal_design(6.0, 0.1, 0.5)
+
+
+def test_design_moves_the_right_way():
+    x1, y1 = optimal_design(2.0, 0.1, 0.25)
+    x2, y2 = optimal_design(20.0, 0.1, 0.25)
+    assert x2 > x1 and y2 > y1  # costlier generation: more replay, longer horizon
+    x3, _ = optimal_design(6.0, 0.1, 0.4)
+    x4, _ = optimal_design(6.0, 0.1, 0.1)
+    assert x3 < x4  # faster variance growth: shorter horizon
+
+
+# ---------------------------------------------------------------- estimators
+
+
+def synthetic_stats(rng, *, alpha, signal, dim=400, half=32, age_fresh=0.0, age_stale=7.0):
+    """Half-batch statistics of g + noise, per-rollout noise variance (a + 1)^(2 alpha)."""
+    g = np.zeros(dim)
+    g[0] = math.sqrt(signal)
+    halves = []
+    for age in (age_fresh, age_stale):
+        variance = (age + 1) ** (2 * alpha)
+        halves.append(g + rng.normal(0, math.sqrt(variance / (half * dim)), dim))
+    grad_fresh, grad_stale = halves
+    cross = grad_fresh @ grad_stale
+    return {
+        "halves_cross": cross,
+        "halves_noise_fresh": grad_fresh @ grad_fresh - cross,
+        "halves_noise_stale": grad_stale @ grad_stale - cross,
+        "halves_age_fresh": age_fresh,
+        "halves_age_stale": age_stale,
+    }
+
+
+def test_estimators_are_exact_on_expected_statistics():
+    b, alpha = 32, 0.3
+    var_fresh, var_stale = 1.0, 8 ** (2 * alpha)
+    u, v = auto_replay.alpha_point(var_fresh / b, var_stale / b, 0.0, 7.0)
+    assert v / u == pytest.approx(2 * alpha)
+    rho = auto_replay.rho_estimate(
+        0.05, var_fresh / b, var_stale / b, half_size=b, rollouts_per_generation=32
+    )
+    assert rho == pytest.approx(32 * 0.05 / ((var_fresh + var_stale) / 2))
+    assert auto_replay.alpha_point(1.0, 2.0, 3.0, 3.0) is None  # equal ages: no information
+    assert auto_replay.alpha_point(-1.0, 2.0, 0.0, 3.0) is None
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.35])
+def test_controller_recovers_alpha_and_rho_from_synthetic_statistics(alpha):
+    rng = np.random.default_rng(0)
+    signal, r = 0.02, 32
+    controller = AutoReplayController(
+        rollouts_per_generation=r, batch_size=64, capacity=256, update_every=10, ema=0.9
+    )
+    for _ in range(600):
+        controller.observe(stats=synthetic_stats(rng, alpha=alpha, signal=signal))
+    true_rho = r * signal / ((1 + 8 ** (2 * alpha)) / 2)
+    assert controller.alpha == pytest.approx(alpha, abs=0.03)
+    assert controller.rho == pytest.approx(true_rho, rel=0.15)
+    m = controller.metrics()
+    assert m["auto_alpha"] == controller.alpha and m["auto_rho"] == controller.rho
+
+
+def planned(mu=None, alpha=0.25, steps=200, gen_s=None, train_s=None):
+    rng = np.random.default_rng(1)
+    controller = AutoReplayController(
+        rollouts_per_generation=32, batch_size=64, capacity=1024, mu_override=mu
+    )
+    for _ in range(steps):
+        controller.observe(
+            gen_s=gen_s, train_s=train_s, stats=synthetic_stats(rng, alpha=alpha, signal=0.005)
+        )
+    return controller
+
+
+def test_controller_plan_responds_in_the_right_direction():
+    cheap, costly = planned(mu=2.0).metrics(), planned(mu=30.0).metrics()
+    assert costly["auto_y_opt"] > cheap["auto_y_opt"] and costly["auto_x_opt"] > cheap["auto_x_opt"]
+    assert costly["auto_y"] > cheap["auto_y"] and costly["auto_x"] > cheap["auto_x"]
+    slow, fast = planned(mu=30.0, alpha=0.1), planned(mu=30.0, alpha=0.4)
+    assert fast.metrics()["auto_x_opt"] < slow.metrics()["auto_x_opt"]
+    assert fast.max_age() < slow.max_age()
+
+
+def test_mu_is_measured_from_timings_unless_overridden():
+    # 32 rollouts generated in 0.64 s, 64 trained on in 0.32 s: mu = 0.02 / 0.005 = 4.
+    measured = planned(gen_s=0.64, train_s=0.32, steps=20)
+    assert measured.mu == pytest.approx(4.0)
+    assert planned(mu=6.0, gen_s=0.64, train_s=0.32, steps=20).mu == 6.0
+    # The first (compiling) observation of each timer is skipped.
+    controller = AutoReplayController(rollouts_per_generation=32, batch_size=64, capacity=256)
+    controller.observe(gen_s=100.0, train_s=100.0)
+    controller.observe(gen_s=0.64, train_s=0.32)
+    assert controller.mu == pytest.approx(4.0)
+
+
+def test_generation_credit_realises_the_period_and_the_horizon_bounds():
+    controller = AutoReplayController(rollouts_per_generation=32, batch_size=64, capacity=256)
+    controller.period, controller.horizon = 2.5, 7.0
+    decisions = [controller.should_generate(step) for step in range(20)]
+    assert decisions[0] and sum(decisions) == 8  # one step in 2.5
+    assert controller.should_generate(19) == decisions[-1]  # asking twice agrees
+    assert controller.max_age() == 6
+    # The horizon stays within [max(period, 2), period * N / R] steps.
+    controller = planned(mu=1000.0, alpha=0.02)
+    assert controller.horizon <= controller.period * 1024 / 32
+    controller = planned(mu=0.05, alpha=0.45)
+    assert controller.period == 1.0 and controller.horizon == 2.0 and controller.max_age() == 1
+
+
+def test_state_round_trip_through_json():
+    controller = planned(mu=None, gen_s=0.5, train_s=0.2, steps=37)
+    for step in range(5):
+        controller.should_generate(step)
+    restored = AutoReplayController.from_state_dict(json.loads(json.dumps(controller.state_dict())))
+    assert restored.metrics() == controller.metrics()
+    assert restored.state_dict() == controller.state_dict()
+    rng = np.random.default_rng(3)
+    for step in range(5, 40):
+        stats = synthetic_stats(rng, alpha=0.2, signal=0.01)
+        assert restored.should_generate(step) == controller.should_generate(step)
+        restored.observe(gen_s=0.4, train_s=0.2, stats=stats)
+        controller.observe(gen_s=0.4, train_s=0.2, stats=stats)
+    assert restored.metrics() == controller.metrics()
+
+
+# ------------------------------------------------------------ half-batch statistics
+
+
+def test_half_batch_gradient_stats_against_numpy():
+    # Loss of a half = mean over its rows of w . x_i: the gradient is the rows' mean.
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(8, 3)).astype(np.float32)
+    age = np.array([5, 0, 3, 1, 7, 0, 2, 6], np.int32)
+    batch = {"features": jnp.asarray(features), "age": jnp.asarray(age)}
+
+    def grad_fn(w, half):
+        grads = jax.grad(lambda w: jnp.mean(half["features"] @ w))(w)
+        return grads, {"loss_max": jnp.max(half["features"]), "loss": jnp.mean(half["features"])}
+
+    grads, metrics, stats = jax.jit(auto_replay.half_batch_gradient_stats, static_argnums=0)(
+        grad_fn, jnp.zeros(3), batch
+    )
+    order = np.argsort(age, kind="stable")
+    fresh, stale = features[order[:4]].mean(0), features[order[4:]].mean(0)
+    np.testing.assert_allclose(grads, features.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(stats["halves_cross"], fresh @ stale, rtol=1e-5)
+    np.testing.assert_allclose(
+        stats["halves_noise_fresh"], fresh @ fresh - fresh @ stale, rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        stats["halves_noise_stale"], stale @ stale - fresh @ stale, rtol=1e-5
+    )
+    assert float(stats["halves_age_fresh"]) == pytest.approx(np.mean([0, 0, 1, 2]))
+    assert float(stats["halves_age_stale"]) == pytest.approx(np.mean([3, 5, 6, 7]))
+    assert float(metrics["loss_max"]) == pytest.approx(features.max())
+    assert float(metrics["loss"]) == pytest.approx(features.mean(), rel=1e-5)
+
+
+def test_train_step_with_half_batch_stats_matches_the_plain_step():
+    """With a per-sequence mean loss the mean of the halves' gradients is the batch
+    gradient, so the flag changes nothing but the extra statistics."""
+    import optax
+
+    from replax import model as model_lib
+    from replax import objectives, sharding, train_step
+
+    rules = sharding.validate_rules(
+        (
+            ("batch", "data"),
+            ("buffer", "data"),
+            ("length", None),
+            ("embed", None),
+            ("heads", None),
+            ("kv_heads", None),
+            ("head_dim", None),
+            ("mlp", None),
+            ("vocab", None),
+        )
+    )
+    mesh = sharding.make_mesh((-1, 1, 1))
+    config = model_lib.ModelConfig(
+        vocab_size=16,
+        num_layers=1,
+        d_model=16,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        mlp_dim=32,
+        max_len=8,
+    )
+    model = model_lib.Transformer(config)
+    optimizer = optax.sgd(1.0)
+    loss = objectives.LossConfig(name="ppo", aggregation="sequence_mean")
+    rng = np.random.default_rng(0)
+    batch_size, length = 16, 8
+    batch = {
+        "tokens": rng.integers(0, 16, (batch_size, length)).astype(np.int32),
+        "attention_mask": np.ones((batch_size, length), bool),
+        "loss_mask": np.tile(np.arange(length) >= 4, (batch_size, 1)).astype(np.float32),
+        "behaviour_logprobs": np.full((batch_size, length), -2.7, np.float32),
+        "advantage": rng.normal(size=batch_size).astype(np.float32),
+        "reward": np.zeros(batch_size, np.float32),
+        "baseline": np.zeros(batch_size, np.float32),
+        "importance_weights": np.ones(batch_size, np.float32),
+        "age": rng.integers(0, 6, batch_size).astype(np.int32),
+        "times_sampled": np.zeros(batch_size, np.int32),
+    }
+    batch_sharding = train_step.batch_shardings(mesh, rules, batch)
+    params = {}
+    for flag in (False, True):
+        state, shardings = train_step.init_train_state(
+            model, optimizer, jax.random.key(0), mesh, rules
+        )
+        step = train_step.make_train_step(
+            model, optimizer, loss, mesh, rules, shardings, batch_sharding, half_batch_stats=flag
+        )
+        state, metrics = step(state, batch)
+        params[flag] = jax.device_get(state.params)
+        if flag:
+            assert set(auto_replay.STAT_KEYS) <= set(metrics)
+            ages = np.sort(batch["age"])
+            assert float(metrics["halves_age_fresh"]) == pytest.approx(ages[:8].mean())
+            assert float(metrics["halves_age_stale"]) == pytest.approx(ages[8:].mean())
+            noise = float(metrics["halves_noise_fresh"]) + float(metrics["halves_noise_stale"])
+            assert noise > 0
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params[False], params[True]
+    )
