@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import tensorflow_datasets as tfds
 
 from replax import checkpoint as checkpoint_lib
 from replax import config_utils as cu
@@ -241,6 +242,7 @@ def build(config, workdir: str, log=print) -> Run:
     difficulty = _arith_difficulty(config)
     task = arith.ArithTask(difficulty)
     data_dir = config.task.data_dir or os.path.join(workdir, "data")
+    tfds.disable_progress_bar()
     builder = data_lib.prepare_arith(
         data_dir,
         difficulty,

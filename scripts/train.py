@@ -3,6 +3,9 @@ r"""Trains a policy with RL and experience replay.
   python scripts/train.py --config=configs/arith.py:replay --workdir=/tmp/replax/arith \
       [--config.KEY=VALUE ...]
 
+With no flags it runs the embedded default (configs/arith.py, replay) in runs/arith.
+
+
 Bad configuration exits with status 2 and one line on stderr naming the key, before
 anything is written to the workdir. Running again with the same workdir resumes.
 """
@@ -10,16 +13,18 @@ anything is written to the workdir. Running again with the same workdir resumes.
 import os
 import sys
 
-# Two CPU cores by default: let XLA use both for one device's ops.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file (configs/NAME.py[:VARIANT])."
+    "config", os.path.join(_ROOT, "configs", "arith.py"), "Config file: configs/NAME.py[:VARIANT]."
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and data.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", os.path.join(_ROOT, "runs", "arith"), "Directory for metrics, checkpoints, data."
+)
 
 
 def _fail(message: str) -> None:
@@ -49,7 +54,7 @@ def _parse(argv):
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)
+    logging.set_verbosity(logging.ERROR)
     from replax import config_utils, trainer
 
     if _CONFIG.value is None:
