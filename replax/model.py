@@ -159,26 +159,32 @@ class Attention(nn.Module):
         q = rotary(q, positions, cfg.rope_theta)
         k = rotary(k, positions, cfg.rope_theta)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
+        # Keys and values heads-major, [B, KV, S, D], as the KV cache stores them: both
+        # attention contractions are then batched matmuls over (B, KV) that read the
+        # cache in place (a [B, S, KV, D] cache would be transposed on every step).
+        k = jnp.swapaxes(k, 1, 2)
+        v = jnp.swapaxes(v, 1, 2)
 
         new_cache = None
         if layer_cache is not None:
             # Write this call's keys/values at slots [cache_index, cache_index + T) and
             # attend over the whole cache; the mask hides empty and padding slots.
             k = jax.lax.dynamic_update_slice(
-                layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, cache_index, 0, 0)
+                layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, 0, cache_index, 0)
             )
             v = jax.lax.dynamic_update_slice(
-                layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, cache_index, 0, 0)
+                layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, 0, cache_index, 0)
             )
             new_cache = {"k": k, "v": v}
             k, v = k.astype(dt), v.astype(dt)
 
         b, t = x.shape[:2]
         q = q.reshape(b, t, kv, h // kv, d)  # [B, T, KV, G, D]
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * d**-0.5
+        scores = jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32) * d**-0.5
         scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # [B, KV, G, T, S]
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)  # [B, KV, G, T, D]
+        out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d)
         out = jnp.einsum("bthd,hde->bte", out, wo.astype(dt))
         return out, new_cache
 
@@ -203,7 +209,15 @@ class MLP(nn.Module):
             cfg,
         )
         dt = cfg.jnp_dtype
-        hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
+        # One matmul for both input projections (decode steps are small matmuls, where
+        # one [E, 2M] product beats two [E, M] ones; inside the sampler's loop the
+        # concatenation of the loop-invariant weights is hoisted out of the loop).
+        import os
+        if os.environ.get("AB") == "split":
+            hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
+        else:
+            gate_up = x @ jnp.concatenate([gate, up], axis=1).astype(dt)  # [B, T, 2M]
+            hidden = jax.nn.silu(gate_up[..., : cfg.mlp_dim]) * gate_up[..., cfg.mlp_dim :]
         hidden = constrain(hidden, ("batch", "length", "mlp"))
         return hidden @ down.astype(dt)
 
@@ -254,7 +268,7 @@ class Transformer(nn.Module):
             causal = jnp.tril(jnp.ones((t, t), dtype=bool))
             attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
         else:
-            s = cache[0]["k"].shape[1]
+            s = cache[0]["k"].shape[2]
             query_slot = cache_index + jnp.arange(t)  # [T]
             causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # [T, S]
             attn_mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
@@ -287,11 +301,11 @@ class Transformer(nn.Module):
 def init_cache(
     config: ModelConfig, batch_size: int, cache_len: int | None = None, dtype: Any = None
 ) -> list[dict[str, jax.Array]]:
-    """Zeroed KV cache: one {'k', 'v'} of [B, S, KV, D] per layer."""
+    """Zeroed KV cache: one {'k', 'v'} of [B, KV, S, D] (heads-major) per layer."""
     cache_len = cache_len or config.max_len
     if cache_len > config.max_len:
         raise ValueError(f"cache length {cache_len} exceeds model.max_len={config.max_len}")
-    shape = (batch_size, cache_len, config.num_kv_heads, config.head_dim)
+    shape = (batch_size, config.num_kv_heads, cache_len, config.head_dim)
     dtype = dtype or config.jnp_dtype
     return [
         {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
@@ -299,7 +313,7 @@ def init_cache(
     ]
 
 
-CACHE_AXES = ("batch", "length", "kv_heads", "head_dim")
+CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")
 
 
 def positions_from_mask(mask):

@@ -169,7 +169,15 @@ def params_shardings(mesh: Mesh, abstract_variables, rules):
 @contextlib.contextmanager
 def activation_rules(mesh: Mesh, rules):
     """Context under which the model's activation constraints resolve to this mesh."""
-    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
+    # Flax resolves constraints against the abstract mesh, which `jax.set_mesh` sets and
+    # the deprecated `with mesh:` does not (the constraints would silently be no-ops).
+    if hasattr(jax, "set_mesh"):
+        mesh_context = jax.set_mesh(mesh)
+    elif hasattr(jax.sharding, "use_mesh"):
+        mesh_context = jax.sharding.use_mesh(mesh)
+    else:
+        mesh_context = mesh
+    with mesh_context:
         with nn.logical_axis_rules(rules):
             yield
 

@@ -5,7 +5,6 @@ r"""Trains a policy with RL and experience replay.
 
 With no flags it runs the embedded default (configs/arith.py, replay) in runs/arith.
 
-
 Bad configuration exits with status 2 and one line on stderr naming the key, before
 anything is written to the workdir. Running again with the same workdir resumes.
 """
