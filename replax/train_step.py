@@ -216,6 +216,9 @@ def make_train_step(
         params = optax.apply_updates(state.params, updates)
         # STALENESS STATISTICS
         metrics = dict(metrics)
+        # The batch's token entropy; `entropy` in metrics.jsonl is the held-out one.
+        if "entropy" in metrics:
+            metrics["train_entropy"] = metrics.pop("entropy")
         metrics["grad_norm"] = optax.global_norm(grads)
         metrics["replay_age_mean"] = jnp.mean(batch["age"].astype(jnp.float32))
         metrics["replay_age_max"] = jnp.max(batch["age"])

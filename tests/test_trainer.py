@@ -1,0 +1,132 @@
+"""End to end: the train script on a micro config, resume, bad configuration."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A micro run: tiny policy, no warm start, a few steps; R = 8, B = 16, N = 32 so that the
+# 8 simulated devices divide every batch.
+MICRO = [
+    "--config.model.num_layers=1",
+    "--config.model.d_model=32",
+    "--config.model.num_heads=2",
+    "--config.model.num_kv_heads=1",
+    "--config.model.head_dim=16",
+    "--config.model.mlp_dim=64",
+    "--config.warmstart.enabled=False",
+    "--config.task.num_train=64",
+    "--config.task.num_test=16",
+    "--config.rollout.prompts_per_step=2",
+    "--config.rollout.group_size=4",
+    "--config.train.batch_size=16",
+    "--config.replay.capacity=32",
+    "--config.eval.num_prompts=16",
+    "--config.eval.pass_k=2",
+    "--config.eval.pass_k_prompts=8",
+    "--config.eval.every=3",
+    "--config.checkpoint_every=3",
+    "--config.total_steps=6",
+]
+
+
+def run_train(workdir, *extra, config="configs/arith.py"):
+    cmd = [
+        sys.executable,
+        "scripts/train.py",
+        f"--config={config}",
+        f"--workdir={workdir}",
+        *MICRO,
+        *extra,
+    ]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def read(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+# Keys that measure time, which differs between any two runs.
+TIMING = ("wall_s", "gen_s", "train_s", "mu_measured")
+
+
+def strip_timing(records):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("full"))
+    proc = run_train(workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir, proc
+
+
+def test_train_script_writes_metrics_and_checkpoints(full_run):
+    workdir, proc = full_run
+    records = read(workdir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    required = {
+        "step",
+        "wall_s",
+        "gen_tokens",
+        "gen_flops",
+        "train_flops",
+        "gen_s",
+        "train_s",
+        "reward_mean",
+        "replay_age_mean",
+        "replay_age_max",
+        "replay_reuse_mean",
+        "is_ratio_mean",
+        "is_ess",
+        "clip_frac",
+    }
+    for r in records:
+        assert required <= set(r), required - set(r)
+    assert records[-1]["gen_tokens"] > records[0]["gen_tokens"] > 0
+    for key in ("eval_accuracy", "eval_pass_at_k", "entropy"):
+        assert key in records[2] and key in records[5]
+        assert key not in records[3]
+    # Staleness grows once the buffer holds more than one step of rollouts.
+    assert records[-1]["replay_age_max"] >= 1
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]
+    assert os.path.isdir(os.path.join(workdir, "tensorboard"))
+    assert "final" in proc.stdout
+
+
+def test_resume_continues_exactly(full_run, tmp_path):
+    workdir, _ = full_run
+    first = run_train(str(tmp_path), "--config.total_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_train(str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert strip_timing(read(str(tmp_path))) == strip_timing(read(workdir))
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("--config.replay.capacity=8", "replay.capacity"),
+        ("--config.rollout.group_size=1", "rollout.group_size"),
+        ("--config.replay.strategy=lifo", "replay.strategy"),
+        ("--config.loss.name=dpo", "loss.name"),
+        ("--config.mesh.shape=(3,1,1)", "mesh.shape"),
+        ("--config.task.data_dir=/nonexistent/replax", "task.data_dir"),
+        ("--config.train.batch_size=0", "train.batch_size"),
+        ("--config.no_such_key=1", "no_such_key"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, override, key):
+    workdir = tmp_path / "run"
+    proc = run_train(str(workdir), override)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert key in lines[0]
+    assert not workdir.exists()
