@@ -209,15 +209,7 @@ class MLP(nn.Module):
             cfg,
         )
         dt = cfg.jnp_dtype
-        # One matmul for both input projections (decode steps are small matmuls, where
-        # one [E, 2M] product beats two [E, M] ones; inside the sampler's loop the
-        # concatenation of the loop-invariant weights is hoisted out of the loop).
-        import os
-        if os.environ.get("AB") == "split":
-            hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
-        else:
-            gate_up = x @ jnp.concatenate([gate, up], axis=1).astype(dt)  # [B, T, 2M]
-            hidden = jax.nn.silu(gate_up[..., : cfg.mlp_dim]) * gate_up[..., cfg.mlp_dim :]
+        hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
         hidden = constrain(hidden, ("batch", "length", "mlp"))
         return hidden @ down.astype(dt)
 

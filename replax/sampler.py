@@ -1,0 +1,447 @@
+"""Jitted sampler: one prefill call, then the whole decode loop inside `lax.while_loop`.
+
+Prompts come left-padded (`prompt_ids int32[B, P]`, `prompt_mask bool[B, P]`), so every
+row's last prompt token sits in slot P - 1 and the t-th new token goes to slot P + t of
+the KV cache for every row alike; positions continue from each row's prompt length. The
+prefill writes slots [0, P - 1); iteration t of the loop feeds the token in slot P - 1 + t
+(the last prompt token, then each sampled one), samples token t and stops early once
+every row has produced EOS.
+
+    sampler = make_sampler(model_config, max_prompt_len=16, max_new_tokens=64,
+                           eos_id=1, pad_id=0, temperature=1.0, mesh=mesh)
+    out = sampler.generate(params, prompt_ids, prompt_mask, rng)  # SampleOutput
+
+`out.logprobs` are the behaviour log-probs that replay needs: the log-probability of each
+sampled token under the distribution it was drawn from (logits / temperature, top-k and
+top-p filtered and renormalised; for greedy decoding the log-softmax of the raw logits).
+EOS is part of the completion (and of the mask, so that the policy learns to stop);
+everything after it is `pad_id` with mask False and log-prob 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replax import model as model_lib
+from replax import sharding
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    tokens: jax.Array  # int32[B, N] completion; pad_id after EOS (EOS itself kept)
+    mask: jax.Array  # bool[B, N] generated tokens, up to and including EOS
+    logprobs: jax.Array  # float32[B, N] behaviour log-probs; 0 where mask is False
+    lengths: jax.Array  # int32[B] number of generated tokens (= mask.sum(-1))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """The sampling distribution. temperature 0 is greedy (top_k / top_p then unused)."""
+
+    temperature: float = 1.0
+    # Keep the k most likely tokens; 0 keeps all.
+    top_k: int = 0
+    # Keep the smallest set of most likely tokens whose probability reaches top_p.
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"sampler.temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if not (isinstance(self.top_k, int | np.integer) and self.top_k >= 0):
+            raise ValueError(f"sampler.top_k={self.top_k}: must be an integer >= 0 (0 = off)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampler.top_p={self.top_p}: must be in (0, 1] (1 = off)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def sampling_logits(logits, config: SamplingConfig):
+    """Logits of the sampling distribution: scaled by 1/temperature, then filtered.
+
+    logits: float32[..., V]. Filtered-out tokens get -inf, so `log_softmax` of the result
+    is the renormalised distribution. Greedy decoding returns the raw logits.
+    """
+    if config.greedy:
+        return logits
+    logits = logits / config.temperature
+    if config.top_k and config.top_k < logits.shape[-1]:
+        kth_largest = jax.lax.top_k(logits, config.top_k)[0][..., -1:]  # [..., 1]
+        logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+    if config.top_p < 1.0:
+        # A token is kept when the probability of the strictly more likely tokens is below
+        # top_p; the most likely token is always kept.
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]  # [..., V] descending
+        sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        num_kept = jnp.sum(mass_before < config.top_p, axis=-1, keepdims=True)  # [..., 1]
+        threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
+        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    return logits
+
+
+def _argmax(x):
+    """First index of the maximum over the last axis: two plain reductions, which XLA:CPU
+    runs several times faster than argmax's (value, index) reduction."""
+    is_max = x == jnp.max(x, axis=-1, keepdims=True)
+    return jnp.min(jnp.where(is_max, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1)
+
+
+def sample_tokens(rng, logits, config: SamplingConfig):
+    """Draws one token per row. logits: float32[B, V] -> (int32[B], float32[B] log-probs).
+
+    Sampling inverts the CDF with one uniform number per row (the Gumbel trick would
+    need B x V random numbers per step).
+    """
+    logits = sampling_logits(logits, config)
+    if config.greedy:
+        tokens = _argmax(logits)
+    else:
+        probs = jax.nn.softmax(logits, axis=-1)  # [B, V]
+        cdf = jnp.cumsum(probs, axis=-1)
+        u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32) * cdf[:, -1:]
+        tokens = jnp.minimum(jnp.sum(cdf <= u, axis=-1), logits.shape[-1] - 1)
+        # Rounding can land on a zero-probability (filtered) token: take the mode instead.
+        picked = jnp.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0]
+        tokens = jnp.where(picked > 0, tokens, _argmax(logits))
+    picked_logits = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+    token_logprobs = picked_logits - jax.nn.logsumexp(logits, axis=-1)
+    return tokens.astype(jnp.int32), token_logprobs
+
+
+@flax.struct.dataclass
+class _LoopState:
+    step: jax.Array  # int32[] index t of the token sampled in this iteration
+    last_tokens: jax.Array  # int32[B] token fed in this iteration (at slot P - 1 + t)
+    tokens: jax.Array  # int32[B, N]
+    logprobs: jax.Array  # float32[B, N]
+    done: jax.Array  # bool[B] EOS already sampled
+    # KV cache, one {'k', 'v': [B, KV, S, D]} per layer (S = P + N - 1); without a
+    # cache, the token buffer int32[B, P + N - 1] that the full forward re-reads each step.
+    context: Any
+
+
+def _decode(
+    params,
+    prompt_ids,
+    prompt_mask,
+    rng,
+    sampling: SamplingConfig,
+    *,
+    model: model_lib.Transformer,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    cache_dtype,
+    kv_cache: bool,
+) -> SampleOutput:
+    """The traced sampler. prompt_ids int32[B, P], prompt_mask bool[B, P] (left-padded)."""
+    b, p = prompt_ids.shape
+    n = max_new_tokens
+    s = p + n - 1  # slots: the prompt and every new token but the last
+    variables = {"params": params}
+    prompt_positions = model_lib.positions_from_mask(prompt_mask)  # [B, P]
+    # Completion slots are always valid keys: the causal mask hides those not yet written.
+    kv_mask = jnp.concatenate([prompt_mask, jnp.ones((b, n - 1), bool)], axis=1)  # [B, S]
+
+    # Prefill: slots [0, P - 1) of the cache. The last prompt token is fed by the first
+    # loop iteration, so the prefill's logits are unused and compiled away.
+    if kv_cache:
+        context = model_lib.init_cache(model.config, b, s, cache_dtype)
+        context = jax.tree_util.tree_map(
+            lambda x: model_lib.constrain(x, model_lib.CACHE_AXES), context
+        )
+        if p > 1:
+            _, context = model.apply(
+                variables,
+                prompt_ids[:, :-1],
+                prompt_positions[:, :-1],
+                cache=context,
+                cache_index=0,
+                kv_mask=kv_mask,
+            )
+    else:
+        context = jnp.concatenate([prompt_ids, jnp.full((b, n - 1), pad_id, jnp.int32)], axis=1)
+        positions = prompt_positions[:, -1:] + jnp.arange(s - p + 1, dtype=jnp.int32)
+        full_positions = jnp.concatenate([prompt_positions[:, :-1], positions], axis=1)
+
+    def next_logits(context, last_tokens, step):
+        """Logits for the token at `step`, fed the token before it at slot P - 1 + step."""
+        slot = p - 1 + step
+        if kv_cache:
+            positions = (prompt_positions[:, -1] + step)[:, None]  # [B, 1]
+            logits, context = model.apply(
+                variables,
+                last_tokens[:, None],
+                positions,
+                cache=context,
+                cache_index=slot,
+                kv_mask=kv_mask,
+            )
+            return logits[:, 0], context
+        # Without a cache: the full forward over the whole (fixed-size) buffer.
+        context = jax.lax.dynamic_update_slice(context, last_tokens[:, None], (0, slot))
+        logits = model.apply(variables, context, full_positions, kv_mask)  # [B, S, V]
+        return jax.lax.dynamic_index_in_dim(logits, slot, axis=1, keepdims=False), context
+
+    def cond(state: _LoopState):
+        return (state.step < n) & ~jnp.all(state.done)
+
+    def body(state: _LoopState):
+        logits, context = next_logits(state.context, state.last_tokens, state.step)
+        tokens, logprobs = sample_tokens(jax.random.fold_in(rng, state.step), logits, sampling)
+        tokens = jnp.where(state.done, pad_id, tokens)
+        logprobs = jnp.where(state.done, 0.0, logprobs)
+        return _LoopState(
+            step=state.step + 1,
+            last_tokens=tokens,
+            tokens=jax.lax.dynamic_update_slice(state.tokens, tokens[:, None], (0, state.step)),
+            logprobs=jax.lax.dynamic_update_slice(
+                state.logprobs, logprobs[:, None], (0, state.step)
+            ),
+            done=state.done | (tokens == eos_id),
+            context=context,
+        )
+
+    # Decode
+    state = _LoopState(
+        step=jnp.zeros((), jnp.int32),
+        last_tokens=prompt_ids[:, -1],
+        tokens=jnp.full((b, n), pad_id, jnp.int32),
+        logprobs=jnp.zeros((b, n), jnp.float32),
+        done=jnp.zeros((b,), bool),
+        context=context,
+    )
+    state = jax.lax.while_loop(cond, body, state)
+
+    # Output: each row up to and including its first EOS; when every row stopped early,
+    # the columns never visited stay pad.
+    is_eos = state.tokens == eos_id
+    mask = (jnp.cumsum(is_eos, axis=1) - is_eos < 1) & (jnp.arange(n) < state.step)  # [B, N]
+    return SampleOutput(
+        tokens=jnp.where(mask, state.tokens, pad_id),
+        mask=mask,
+        logprobs=jnp.where(mask, state.logprobs, 0.0),
+        lengths=jnp.sum(mask, axis=1, dtype=jnp.int32),
+    )
+
+
+class Sampler:
+    """A compiled sampler bound to one model shape, prompt length and completion length.
+
+    `generate` compiles once per distinct sampling setting (temperature / top_k / top_p
+    are static); calls with the same shapes and setting reuse the compiled program.
+    """
+
+    def __init__(
+        self,
+        model_config: model_lib.ModelConfig,
+        *,
+        max_prompt_len: int,
+        max_new_tokens: int,
+        eos_id: int,
+        pad_id: int,
+        sampling: SamplingConfig,
+        mesh: jax.sharding.Mesh | None,
+        rules,
+        cache_dtype: str | None,
+        kv_cache: bool,
+    ):
+        cfg = model_config
+        for name, value in (("max_prompt_len", max_prompt_len), ("max_new_tokens", max_new_tokens)):
+            if not (isinstance(value, int | np.integer) and value >= 1):
+                raise ValueError(f"sampler.{name}={value}: must be an integer >= 1")
+        if max_prompt_len + max_new_tokens > cfg.max_len:
+            raise ValueError(
+                f"sampler.max_prompt_len + max_new_tokens = {max_prompt_len} + {max_new_tokens}"
+                f" exceeds model.max_len={cfg.max_len}: allowed is a sum <= {cfg.max_len}"
+            )
+        for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+            if not (isinstance(value, int | np.integer) and 0 <= value < cfg.vocab_size):
+                raise ValueError(f"sampler.{name}={value}: allowed is 0 <= id < {cfg.vocab_size}")
+        if cache_dtype is not None and cache_dtype not in model_lib.DTYPES:
+            raise ValueError(
+                f"sampler.cache_dtype={cache_dtype!r}: allowed are {sorted(model_lib.DTYPES)}"
+            )
+        self._check_sampling(sampling, cfg)
+        if mesh is not None:
+            rules = sharding.validate_rules(sharding.DEFAULT_RULES if rules is None else rules)
+
+        self.model_config = cfg
+        self.model = model_lib.Transformer(cfg)
+        self.max_prompt_len = int(max_prompt_len)
+        self.max_new_tokens = int(max_new_tokens)
+        self.eos_id, self.pad_id = int(eos_id), int(pad_id)
+        self.sampling = sampling
+        self.mesh, self.rules = mesh, rules
+        self.kv_cache = kv_cache
+
+        decode = functools.partial(
+            _decode,
+            model=self.model,
+            max_new_tokens=self.max_new_tokens,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            cache_dtype=model_lib.DTYPES[cache_dtype] if cache_dtype else None,
+            kv_cache=kv_cache,
+        )
+        if mesh is None:
+            self._params_shardings = self._batch_sharding = None
+            self._jitted = jax.jit(decode, static_argnums=(4,))
+        else:
+            dummy = jnp.zeros((1, 1), jnp.int32)
+            abstract = jax.eval_shape(self.model.init, jax.random.key(0), dummy, dummy)
+            self._params_shardings = sharding.params_shardings(mesh, abstract, rules)["params"]
+            self._batch_sharding = sharding.named(mesh, ("batch", None), rules)
+            rows = sharding.named(mesh, ("batch",), rules)
+            self._jitted = jax.jit(
+                decode,
+                static_argnums=(4,),
+                in_shardings=(
+                    self._params_shardings,
+                    self._batch_sharding,
+                    self._batch_sharding,
+                    sharding.replicated(mesh),
+                ),
+                out_shardings=SampleOutput(
+                    tokens=self._batch_sharding,
+                    mask=self._batch_sharding,
+                    logprobs=self._batch_sharding,
+                    lengths=rows,
+                ),
+            )
+
+    @staticmethod
+    def _check_sampling(sampling: SamplingConfig, cfg: model_lib.ModelConfig):
+        if sampling.top_k > cfg.vocab_size:
+            raise ValueError(
+                f"sampler.top_k={sampling.top_k} exceeds model.vocab_size={cfg.vocab_size}: "
+                f"allowed is 0 <= top_k <= {cfg.vocab_size}"
+            )
+
+    def _inputs(self, params, prompt_ids, prompt_mask):
+        """Checks shapes and dtypes before anything compiles; pads prompts to max_prompt_len."""
+        if jnp.ndim(prompt_ids) != 2 or jnp.shape(prompt_mask) != jnp.shape(prompt_ids):
+            raise ValueError(
+                f"prompt_ids {jnp.shape(prompt_ids)} and prompt_mask {jnp.shape(prompt_mask)}: "
+                "allowed are two arrays of the same shape [batch, prompt_len]"
+            )
+        if not jnp.issubdtype(jnp.result_type(prompt_ids), jnp.integer):
+            raise ValueError(
+                f"prompt_ids dtype {jnp.result_type(prompt_ids)}: allowed are integer dtypes"
+            )
+        batch, prompt_len = jnp.shape(prompt_ids)
+        if prompt_len > self.max_prompt_len:
+            raise ValueError(
+                f"prompt length {prompt_len} exceeds sampler.max_prompt_len="
+                f"{self.max_prompt_len}: allowed are prompts of at most {self.max_prompt_len} "
+                "tokens (prompts are never truncated)"
+            )
+        if self.mesh is not None:
+            sharding.check_batch("sampler batch size", batch, self.mesh, self.rules)
+        xp = jnp if isinstance(prompt_ids, jax.Array) else np
+        if jnp.result_type(prompt_ids) != jnp.int32:
+            prompt_ids = xp.asarray(prompt_ids).astype(np.int32)
+        if jnp.result_type(prompt_mask) != jnp.bool_:
+            prompt_mask = xp.asarray(prompt_mask).astype(bool)
+        if prompt_len < self.max_prompt_len:
+            left = ((0, 0), (self.max_prompt_len - prompt_len, 0))
+            prompt_ids = xp.pad(prompt_ids, left, constant_values=self.pad_id)
+            prompt_mask = xp.pad(prompt_mask, left, constant_values=False)
+        params = nn.unbox(params)
+        if self.mesh is not None:
+            params = jax.device_put(params, self._params_shardings)
+            prompt_ids = jax.device_put(prompt_ids, self._batch_sharding)
+            prompt_mask = jax.device_put(prompt_mask, self._batch_sharding)
+        return params, prompt_ids, prompt_mask
+
+    def generate(
+        self,
+        params,
+        prompt_ids,
+        prompt_mask,
+        rng,
+        *,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+    ) -> SampleOutput:
+        """Samples max_new_tokens per row (fewer when every row has hit EOS).
+
+        params: the model's 'params' collection (boxed or not); prompt_ids int[B, P'] and
+        prompt_mask bool[B, P'], left-padded, P' <= max_prompt_len; rng: a PRNG key.
+        temperature / top_k / top_p override the sampler's setting for this call
+        (e.g. temperature=0 for greedy evaluation); each setting compiles once.
+        """
+        sampling = self.sampling
+        overrides = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if overrides:
+            sampling = dataclasses.replace(sampling, **overrides)
+            self._check_sampling(sampling, self.model_config)
+        params, prompt_ids, prompt_mask = self._inputs(params, prompt_ids, prompt_mask)
+        if self.mesh is None:
+            return self._jitted(params, prompt_ids, prompt_mask, rng, sampling)
+        with sharding.activation_rules(self.mesh, self.rules):
+            return self._jitted(params, prompt_ids, prompt_mask, rng, sampling)
+
+    def sample_k(self, params, prompt_ids, prompt_mask, rng, k: int, **overrides) -> SampleOutput:
+        """k completions per prompt (for pass@k and group rollouts): fields are [B, k, ...]."""
+        if not (isinstance(k, int | np.integer) and k >= 1):
+            raise ValueError(f"sample_k k={k}: must be an integer >= 1")
+        xp = np if isinstance(prompt_ids, np.ndarray) else jnp
+        batch = jnp.shape(prompt_ids)[0]
+        out = self.generate(
+            params,
+            xp.repeat(prompt_ids, k, axis=0),
+            xp.repeat(prompt_mask, k, axis=0),
+            rng,
+            **overrides,
+        )
+        return jax.tree_util.tree_map(lambda x: x.reshape((batch, k) + x.shape[1:]), out)
+
+
+def make_sampler(
+    model_config: model_lib.ModelConfig,
+    *,
+    max_prompt_len: int,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    mesh: jax.sharding.Mesh | None = None,
+    rules=None,
+    cache_dtype: str | None = None,
+    kv_cache: bool = True,
+) -> Sampler:
+    """Validates the settings and returns a `Sampler` bound to them.
+
+    cache_dtype: dtype name of the KV cache (default: the model's activation dtype).
+    kv_cache=False recomputes the full forward over the whole buffer for every new token
+    (the reference the benchmark compares against); the results are the same.
+    With a mesh, params are sharded by their logical axes and the batch over `batch`
+    (rules default to `sharding.DEFAULT_RULES`).
+    """
+    return Sampler(
+        model_config,
+        max_prompt_len=max_prompt_len,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),
+        mesh=mesh,
+        rules=rules,
+        cache_dtype=cache_dtype,
+        kv_cache=kv_cache,
+    )
