@@ -1,0 +1,386 @@
+r"""Compute-to-accuracy of replay against on-policy RL, on an equal generation budget.
+
+  python scripts/compare.py --workdir=/tmp/replax/compare [--seeds=3]
+
+For each variant (config variants, `onpolicy` and `replay` by default) the learning-rate
+grid runs on the selection seed, the best rate (final held-out accuracy; ties: mean
+accuracy over the run) is kept and the other seeds run at it. Every variant generates
+the same number of rollouts (`--budget_rollouts`, steps = budget / R), so replay with R =
+32 takes twice the steps of on-policy with R = 64. The target accuracy is the on-policy
+median final accuracy; each run's generated tokens and modelled cost (the paper's sum
+over steps of B + mu R, in units of training one rollout) when it first reaches the
+target give the ratios. Runs live in DIR/runs/VARIANT/lrLR/seedS and are resumable: a
+rerun skips finished runs. Runs with the same seed share one warm start (DIR/base) and
+one dataset (DIR/data).
+
+Writes DIR/compare.json (keys: ../shared/design.md, contract 3), DIR/compare.png
+(held-out accuracy against generated tokens, modelled cost and wall-clock; median and
+interquartile band over seeds) and DIR/compare.md (the table printed to stdout).
+
+Flags: --config, --seeds, --select_seed, --variants, --define NAME=BASE_VARIANT (a
+variant built from a config variant plus its overrides), --lr_grid
+'onpolicy:3e-5,1e-4,3e-4;replay:1e-5,3e-5,1e-4' (default: the config's rate x 1/3, 1, 3),
+--mu_model, --budget_rollouts (default: total_steps x R of the on-policy config),
+--num_evals (evaluations per run, at equal generation spacing), --target (instead of the
+on-policy median), --override [VARIANT:]KEY=VALUE (repeatable; without VARIANT, every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from replax import config_utils  # noqa: E402
+from replax import experiments as ex  # noqa: E402
+
+REFERENCE = "onpolicy"
+CANDIDATE = "replay"
+RUN_KEYS = (
+    "final_accuracy",
+    "pass_at_k",
+    "entropy",
+    "gen_tokens",
+    "wall_s",
+    "gen_s",
+    "train_s",
+    "gen_tokens_to_target",
+    "cost_to_target",
+    "cost_to_target_at_mu_measured",
+    "total_cost",
+    "total_cost_at_mu_measured",
+    "mu_measured",
+    "mu_measured_steady",
+    "mean_accuracy",
+)
+NEVER_KEYS = ("gen_tokens_to_target", "cost_to_target", "cost_to_target_at_mu_measured")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--config", default="configs/arith.py")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--select_seed", type=int, default=0)
+    p.add_argument("--variants", default="onpolicy,replay")
+    p.add_argument("--define", action="append", default=[], metavar="NAME=BASE")
+    p.add_argument("--lr_grid", default="")
+    p.add_argument("--mu_model", type=float, default=6.0)
+    p.add_argument("--budget_rollouts", type=int, default=0)
+    p.add_argument("--num_evals", type=int, default=16)
+    p.add_argument("--target", type=float, default=None)
+    p.add_argument(
+        "--compilation_cache",
+        default=None,
+        help="JAX persistent compilation cache dir (default DIR/jax_cache; 'none': off)",
+    )
+    p.add_argument("--override", action="append", default=[], metavar="[VARIANT:]KEY=VALUE")
+    args = p.parse_args(argv)
+    if args.seeds < 1 or args.num_evals < 1:
+        p.error("--seeds and --num_evals must be >= 1")
+    return args
+
+
+def parse_lr_grid(spec: str) -> dict[str, list[float]]:
+    grids = {}
+    for part in filter(None, (s.strip() for s in spec.split(";"))):
+        name, sep, rates = part.partition(":")
+        if not sep:
+            raise config_utils.ConfigError(f"--lr_grid part {part!r}: expected VARIANT:LR,LR")
+        grids[name.strip()] = [float(r) for r in rates.split(",") if r.strip()]
+    return grids
+
+
+class Plan:
+    """Builds every run's config from the flags; validates them all before any compute."""
+
+    def __init__(self, args):
+        self.args = args
+        self.workdir = os.path.abspath(args.workdir)
+        self.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        known = ex.config_variants(args.config)
+        self.base = {}
+        for definition in args.define:
+            name, sep, base = definition.partition("=")
+            if not sep:
+                raise config_utils.ConfigError(f"--define {definition!r}: expected NAME=BASE")
+            self.base[name.strip()] = base.strip()
+        for v in self.variants:
+            self.base.setdefault(v, v)
+            if known and self.base[v] not in known:
+                raise config_utils.ConfigError(
+                    f"variant {v!r}: not a variant of {args.config} {known}; "
+                    f"define it with --define {v}=BASE"
+                )
+        self.overrides = [ex.split_override(o) for o in args.override]
+        for scope, _, _ in self.overrides:
+            if scope is not None and scope not in self.variants:
+                raise config_utils.ConfigError(f"--override scope {scope!r} is not a variant")
+        self.seeds = [args.select_seed] + [
+            s for s in range(args.seeds + 1) if s != args.select_seed
+        ][: args.seeds - 1]
+        self.budget = args.budget_rollouts or self._default_budget()
+        grids = parse_lr_grid(args.lr_grid)
+        self.lr_grid = {}
+        for v in self.variants:
+            lr = self._overridden(v).optimizer.learning_rate
+            self.lr_grid[v] = grids.get(v) or [float(f"{lr * f:.1g}") for f in (1 / 3, 1, 3)]
+
+    def _overridden(self, variant):
+        config = ex.load_config(self.args.config, self.base[variant])
+        for scope, key, value in self.overrides:
+            if scope in (None, variant):
+                ex.set_value(config, key, value)
+        return config
+
+    def _default_budget(self) -> int:
+        reference = REFERENCE if REFERENCE in self.variants else self.variants[0]
+        config = self._overridden(reference)
+        return config.total_steps * ex.rollouts_per_step(config)
+
+    def config(self, variant: str, lr: float, seed: int):
+        return ex.finalize_config(
+            self._overridden(variant),
+            budget_rollouts=self.budget,
+            num_evals=self.args.num_evals,
+            seed=seed,
+            learning_rate=lr,
+            shared_dir=self.workdir,
+            explicit={key for scope, key, _ in self.overrides if scope in (None, variant)},
+        )
+
+    def run_dir(self, variant: str, lr: float, seed: int) -> str:
+        return os.path.join(self.workdir, "runs", variant, f"lr{lr:g}", f"seed{seed}")
+
+    def validate(self):
+        from replax import trainer
+
+        os.makedirs(os.path.join(self.workdir, "data"), exist_ok=True)
+        for v in self.variants:
+            for lr in self.lr_grid[v]:
+                try:
+                    trainer.validate(self.config(v, lr, self.args.select_seed))
+                except config_utils.ConfigError as e:
+                    raise config_utils.ConfigError(f"variant {v}: {e}") from None
+
+
+def run_all(plan: Plan, log=print):
+    """Runs the grid and the seeds. Returns {variant: {lr_grid, lr, runs: [(seed, dir)]}}."""
+    out = {}
+    for v in plan.variants:
+        grid = []
+        for lr in plan.lr_grid[v]:
+            workdir = plan.run_dir(v, lr, plan.args.select_seed)
+            ex.ensure_run(plan.config(v, lr, plan.args.select_seed), workdir, log=log)
+            records, base = ex.load_run(workdir)
+            s = ex.summarize_run(records, base_accuracy=base)
+            grid.append({"lr": lr, **{k: s[k] for k in ("final_accuracy", "mean_accuracy")}})
+        best = max(grid, key=lambda g: (g["final_accuracy"], g["mean_accuracy"]))
+        log(f"{v}: learning rate {best['lr']:g} (final accuracy {best['final_accuracy']:.3f})")
+        runs = []
+        for seed in plan.seeds:
+            workdir = plan.run_dir(v, best["lr"], seed)
+            ex.ensure_run(plan.config(v, best["lr"], seed), workdir, log=log)
+            runs.append((seed, workdir))
+        out[v] = {"lr_grid": grid, "lr": best["lr"], "runs": runs}
+    return out
+
+
+def report(plan: Plan, results, *, mu_model: float, target: float | None):
+    """compare.json's payload (without command and machine) and the curves to plot."""
+    loaded = {
+        v: [(seed, *ex.load_run(d), d) for seed, d in res["runs"]] for v, res in results.items()
+    }
+    summaries = {
+        v: [ex.summarize_run(records, base_accuracy=base) for _, records, base, _ in runs]
+        for v, runs in loaded.items()
+    }
+    mus = [s["mu_measured"] for ss in summaries.values() for s in ss if s["mu_measured"]]
+    mu_measured = ex.median(mus, none_is_inf=False)
+    steady = [s["mu_measured_steady"] for ss in summaries.values() for s in ss]
+    if target is None:
+        if REFERENCE not in summaries:
+            raise config_utils.ConfigError(f"no {REFERENCE!r} variant: pass --target")
+        target = ex.median([s["final_accuracy"] for s in summaries[REFERENCE]])
+        target_source = f"{REFERENCE} median final accuracy"
+    else:
+        target_source = "--target"
+    mu_for_measured = mu_measured if mu_measured is not None else mu_model
+    variants = {}
+    curves = {}
+    for v, runs in loaded.items():
+        per_seed = []
+        for (seed, records, base, _), s in zip(runs, summaries[v]):
+            hit = ex.to_target(
+                records,
+                target,
+                {"cost_to_target": mu_model, "cost_to_target_at_mu_measured": mu_for_measured},
+                base_accuracy=base,
+            )
+            total = {"train_rollouts": s["train_rollouts"], "gen_rollouts": s["gen_rollouts"]}
+            per_seed.append(
+                {
+                    **s,
+                    **hit,
+                    "seed": seed,
+                    "total_cost": ex.modelled_cost(total, mu_model),
+                    "total_cost_at_mu_measured": ex.modelled_cost(total, mu_for_measured),
+                }
+            )
+        config = plan.config(v, results[v]["lr"], plan.seeds[0])
+        variants[v] = {
+            **ex.aggregate(per_seed, RUN_KEYS, never_keys=NEVER_KEYS),
+            "lr": results[v]["lr"],
+            "seeds": [s["seed"] for s in per_seed],
+            "run_dirs": [os.path.relpath(d, plan.workdir) for *_, d in runs],
+            "R": ex.rollouts_per_step(config),
+            "B": config.train.batch_size,
+            "N": config.replay.capacity,
+            "total_steps": config.total_steps,
+        }
+        curves[v] = [(records, base) for _, records, base, _ in runs]
+
+    def ratios(name):
+        ref, cand = variants.get(REFERENCE), variants.get(name)
+        if ref is None or cand is None:
+            return dict.fromkeys(
+                ("inference_ratio", "compute_ratio", "compute_ratio_at_mu_measured")
+            )
+        return {
+            "inference_ratio": ex.ratio(cand["gen_tokens_to_target"], ref["gen_tokens"]),
+            "compute_ratio": ex.ratio(cand["cost_to_target"], ref["total_cost"]),
+            "compute_ratio_at_mu_measured": ex.ratio(
+                cand["cost_to_target_at_mu_measured"], ref["total_cost_at_mu_measured"]
+            ),
+        }
+
+    payload = {
+        "variants": variants,
+        "target_accuracy": target,
+        "target_source": target_source,
+        "mu_model": mu_model,
+        "mu_measured": mu_measured,
+        # The same without the first step's seconds (compilation).
+        "mu_measured_steady": ex.median(steady, none_is_inf=False),
+        **ratios(CANDIDATE),
+        "ratios": {v: ratios(v) for v in variants if v != REFERENCE},
+        "lr_grid": {v: res["lr_grid"] for v, res in results.items()},
+        "lr_chosen": {v: res["lr"] for v, res in results.items()},
+        "budget_rollouts": plan.budget,
+        "seeds": plan.seeds,
+        "select_seed": plan.args.select_seed,
+    }
+    return payload, curves
+
+
+def table(payload) -> str:
+    rows = []
+    for v, s in payload["variants"].items():
+        rows.append(
+            [
+                v,
+                ex.fmt(s["lr"], "lr"),
+                ex.fmt(s["final_accuracy"], "pct"),
+                ex.fmt(s["pass_at_k"], "pct"),
+                ex.fmt(s["entropy"]),
+                ex.fmt(s["gen_tokens_to_target"], "int"),
+                ex.fmt(s["cost_to_target"], "int"),
+                ex.fmt(s["wall_s"], "int"),
+            ]
+        )
+    header = [
+        "variant",
+        "lr",
+        "final acc",
+        "pass@k",
+        "entropy",
+        "tokens to target",
+        f"cost to target (mu={payload['mu_model']:g})",
+        "wall s",
+    ]
+    notes = (
+        f"\nTarget {100 * payload['target_accuracy']:.1f}% ({payload['target_source']}); "
+        f"medians over seeds {payload['seeds']}. inference ratio "
+        f"{ex.fmt(payload['inference_ratio'])}, compute ratio {ex.fmt(payload['compute_ratio'])} "
+        f"at mu={payload['mu_model']:g}, {ex.fmt(payload['compute_ratio_at_mu_measured'])} at "
+        f"the measured mu={ex.fmt(payload['mu_measured'])}.\n"
+    )
+    return ex.markdown_table(header, rows) + notes
+
+
+def plot(payload, curves, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mu = payload["mu_model"]
+    axes_spec = [
+        ("generated tokens", lambda r: r["gen_tokens"]),
+        (f"modelled cost, mu = {mu:g} (rollouts trained)", lambda r: ex.modelled_cost(r, mu)),
+        ("wall-clock s", lambda r: r["wall_s"]),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (v, runs) in enumerate(curves.items()):
+        colour = colours[i % len(colours)]
+        for ax, (_, x) in zip(axes, axes_spec):
+            band = ex.median_band([ex.accuracy_curve(records, x, base) for records, base in runs])
+            if band is None:
+                continue
+            grid, med, q1, q3 = band
+            ax.plot(grid, med, color=colour, label=f"{v} (lr {payload['lr_chosen'][v]:g})")
+            ax.fill_between(grid, q1, q3, color=colour, alpha=0.2, linewidth=0)
+    for ax, (label, _) in zip(axes, axes_spec):
+        ax.axhline(payload["target_accuracy"], color="k", linestyle="--", linewidth=1)
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right")
+    fig.suptitle(
+        f"median and IQR over seeds {payload['seeds']}; dashed: target "
+        f"{100 * payload['target_accuracy']:.1f}%"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    t0, load_start = time.time(), ex.load_average()
+    try:
+        args = parse_args(argv)
+        plan = Plan(args)
+        plan.validate()
+    except config_utils.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(plan.workdir, exist_ok=True)
+    cache = args.compilation_cache or os.path.join(plan.workdir, "jax_cache")
+    with ex.compilation_cache(None if cache == "none" else cache):
+        results = run_all(plan)
+    payload, curves = report(plan, results, mu_model=args.mu_model, target=args.target)
+    payload["command"] = shlex.join([os.path.basename(sys.executable), "scripts/compare.py", *argv])
+    payload["machine"] = {
+        **ex.machine_info(),
+        "load_average_start": load_start,
+        "load_average_end": ex.load_average(),
+    }
+    payload["wall_s"] = time.time() - t0
+    ex.write_json(os.path.join(plan.workdir, "compare.json"), payload)
+    plot(payload, curves, os.path.join(plan.workdir, "compare.png"))
+    text = table(payload)
+    with open(os.path.join(plan.workdir, "compare.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

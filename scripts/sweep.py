@@ -1,0 +1,408 @@
+r"""Cost to a target accuracy over the replay design: buffer horizon x = N/R by replay
+ratio y = B/R, plus the paper's refinements.
+
+  python scripts/sweep.py --workdir=/tmp/replax/sweep \
+      --target_from=/tmp/replax/compare/compare.json [--seeds=1]
+
+Each grid cell is the config variant (`--variant`, default replay) with R fixed, B = y R
+and N = x R, on the same generated-rollout budget as compare.py. Each refinement is one
+run at the cell `--refine_at` (default: the variant's own x, y): pbD (positive-bias
+sampling, delta D), asymre (the AsymRE loss), maxageK (items older than K steps are not
+sampled), zeroadv (flip whether zero-advantage groups are stored; keepzero / dropzero set
+it), auto (replay.mode=auto). A cell the trainer rejects (e.g. N < B) is marked n/a.
+
+The target is the on-policy median final accuracy of a compare.json (`--target_from`,
+which also supplies the replay learning rate, mu_model, the budget and, when present,
+its warm starts and data) or `--target`. Each run's generated tokens and modelled cost
+(sum over steps of B + mu R) when it first reaches the target go to DIR/sweep.json, a
+markdown table to DIR/sweep.md (and stdout), and a heat map to DIR/sweep.png (x by y,
+colour = median cost to target at mu_model, annotated; never-reached cells hatched).
+Runs live in DIR/runs/NAME/seedS and are resumable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from replax import config_utils  # noqa: E402
+from replax import experiments as ex  # noqa: E402
+
+KEYS = (
+    "final_accuracy",
+    "pass_at_k",
+    "entropy",
+    "gen_tokens",
+    "wall_s",
+    "gen_tokens_to_target",
+    "cost_to_target",
+    "cost_to_target_at_mu_measured",
+    "mu_measured",
+)
+NEVER_KEYS = ("gen_tokens_to_target", "cost_to_target", "cost_to_target_at_mu_measured")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--config", default="configs/arith.py")
+    p.add_argument("--variant", default="replay")
+    p.add_argument("--target_from", default="")
+    p.add_argument("--target", type=float, default=None)
+    p.add_argument("--x", default="1,2,4,8,16", help="buffer horizons N / R")
+    p.add_argument("--y", default="1,2,4", help="replay ratios B / R")
+    p.add_argument("--refinements", default="pb0.2,pb0.5,asymre,maxage4,zeroadv")
+    p.add_argument("--refine_at", default="", help="X,Y of the refinement runs")
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--mu_model", type=float, default=None)
+    p.add_argument("--budget_rollouts", type=int, default=0)
+    p.add_argument("--num_evals", type=int, default=16)
+    p.add_argument("--shared_dir", default="", help="where data/ and base/ live")
+    p.add_argument(
+        "--compilation_cache",
+        default=None,
+        help="JAX persistent compilation cache dir (default DIR/jax_cache; 'none': off)",
+    )
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    if args.seeds < 1 or args.num_evals < 1:
+        p.error("--seeds and --num_evals must be >= 1")
+    return args
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _label(value: float) -> str:
+    return f"{value:g}"
+
+
+def refinement_overrides(name: str, base) -> dict[str, object]:
+    """Config overrides of a named refinement."""
+    if m := re.fullmatch(r"pb([0-9.]+)", name):
+        return {"replay.strategy": "positive_bias", "replay.delta": float(m.group(1))}
+    if m := re.fullmatch(r"maxage(\d+)", name):
+        return {"replay.max_age": int(m.group(1))}
+    fixed = {
+        "asymre": {"loss.name": "asymre"},
+        "zeroadv": {"replay.drop_zero_advantage": not base.replay.drop_zero_advantage},
+        "keepzero": {"replay.drop_zero_advantage": False},
+        "dropzero": {"replay.drop_zero_advantage": True},
+        "auto": {"replay.mode": "auto"},
+    }
+    if name not in fixed:
+        raise config_utils.ConfigError(
+            f"refinement {name!r}: expected pbDELTA, maxageK, asymre, zeroadv, keepzero, "
+            "dropzero or auto"
+        )
+    return fixed[name]
+
+
+class Sweep:
+    def __init__(self, args):
+        self.args = args
+        self.workdir = os.path.abspath(args.workdir)
+        self.compare = None
+        if args.target_from:
+            with open(args.target_from) as f:
+                self.compare = json.load(f)
+        self.overrides = [ex.split_override(o) for o in args.override]
+        if any(scope is not None for scope, _, _ in self.overrides):
+            raise config_utils.ConfigError("sweep --override takes KEY=VALUE (no scope)")
+        base = self.base_config()
+        self.r = ex.rollouts_per_step(base)
+        cmp = self.compare or {}
+        self.lr = args.lr or cmp.get("lr_chosen", {}).get(args.variant)
+        self.lr = self.lr or base.optimizer.learning_rate
+        self.mu_model = args.mu_model or cmp.get("mu_model") or 6.0
+        self.budget = (
+            args.budget_rollouts or cmp.get("budget_rollouts") or base.total_steps * self.r
+        )
+        if args.target is not None:
+            self.target, self.target_source = args.target, "--target"
+        elif self.compare is not None:
+            self.target = self.compare["target_accuracy"]
+            self.target_source = f"{args.target_from}: {self.compare.get('target_source')}"
+        else:
+            raise config_utils.ConfigError("pass --target_from=DIR/compare.json or --target")
+        compare_dir = os.path.dirname(os.path.abspath(args.target_from or self.workdir))
+        self.shared_dir = args.shared_dir or (
+            compare_dir if os.path.isdir(os.path.join(compare_dir, "base")) else self.workdir
+        )
+        self.seeds = list(range(args.seeds))
+        self.cells = self._cells(base)
+
+    def base_config(self):
+        config = ex.load_config(self.args.config, self.args.variant)
+        for _, key, value in self.overrides:
+            ex.set_value(config, key, value)
+        return config
+
+    def _cells(self, base):
+        cells = []
+        for y in _numbers(self.args.y):
+            for x in _numbers(self.args.x):
+                cells.append(
+                    {
+                        "name": f"x{_label(x)}_y{_label(y)}",
+                        "kind": "grid",
+                        "x": x,
+                        "y": y,
+                        "overrides": {
+                            "train.batch_size": round(y * self.r),
+                            "replay.capacity": round(x * self.r),
+                        },
+                    }
+                )
+        if self.args.refine_at:
+            x, y = _numbers(self.args.refine_at)
+        else:
+            x, y = base.replay.capacity / self.r, base.train.batch_size / self.r
+        for name in filter(None, (n.strip() for n in self.args.refinements.split(","))):
+            cells.append(
+                {
+                    "name": f"x{_label(x)}_y{_label(y)}_{name}",
+                    "kind": "refinement",
+                    "refinement": name,
+                    "x": x,
+                    "y": y,
+                    "overrides": {
+                        "train.batch_size": round(y * self.r),
+                        "replay.capacity": round(x * self.r),
+                        **refinement_overrides(name, base),
+                    },
+                }
+            )
+        return cells
+
+    def config(self, cell, seed):
+        config = self.base_config()
+        for key, value in cell["overrides"].items():
+            ex.set_value(config, key, value)
+        return ex.finalize_config(
+            config,
+            budget_rollouts=self.budget,
+            num_evals=self.args.num_evals,
+            seed=seed,
+            learning_rate=self.lr,
+            shared_dir=self.shared_dir,
+            explicit={key for _, key, _ in self.overrides},
+        )
+
+    def run_dir(self, cell, seed):
+        return os.path.join(self.workdir, "runs", cell["name"], f"seed{seed}")
+
+    def validate(self):
+        """Marks cells the trainer rejects as infeasible (with the reason)."""
+        from replax import trainer
+
+        os.makedirs(os.path.join(self.shared_dir, "data"), exist_ok=True)
+        for cell in self.cells:
+            try:
+                trainer.validate(self.config(cell, self.seeds[0]))
+                cell["feasible"], cell["reason"] = True, None
+            except config_utils.ConfigError as e:
+                cell["feasible"], cell["reason"] = False, str(e)
+        if not any(c["feasible"] for c in self.cells):
+            raise config_utils.ConfigError(f"no feasible cell: {self.cells[0]['reason']}")
+
+
+def run_and_summarize(sweep: Sweep, log=print):
+    mus = {"cost_to_target": sweep.mu_model}
+    measured = []
+    for cell in sweep.cells:
+        if not cell["feasible"]:
+            log(f"{cell['name']}: n/a ({cell['reason']})")
+            continue
+        cell["runs"] = []
+        for seed in sweep.seeds:
+            workdir = sweep.run_dir(cell, seed)
+            ex.ensure_run(sweep.config(cell, seed), workdir, log=log)
+            records, base = ex.load_run(workdir)
+            summary = ex.summarize_run(records, base_accuracy=base)
+            summary.update(ex.to_target(records, sweep.target, mus, base_accuracy=base))
+            cell["runs"].append((seed, workdir, records, base, summary))
+            if summary["mu_measured"]:
+                measured.append(summary["mu_measured"])
+    mu_measured = ex.median(measured, none_is_inf=False)
+    reference = (sweep.compare or {}).get("variants", {}).get("onpolicy", {})
+    on_cost, on_tokens = reference.get("total_cost"), reference.get("gen_tokens")
+    on_cost_measured = None
+    if mu_measured is not None and "total_steps" in reference:
+        # On-policy's total cost is steps x (B + mu R) at any mu.
+        steps, b, r = reference["total_steps"], reference["B"], reference["R"]
+        on_cost_measured = steps * (b + mu_measured * r)
+    for cell in sweep.cells:
+        if not cell["feasible"]:
+            continue
+        for _, _, records, base, summary in cell["runs"]:
+            summary.update(
+                ex.to_target(
+                    records,
+                    sweep.target,
+                    {"cost_to_target_at_mu_measured": mu_measured or sweep.mu_model},
+                    base_accuracy=base,
+                )
+            )
+        cell.update(ex.aggregate([run[-1] for run in cell["runs"]], KEYS, never_keys=NEVER_KEYS))
+        cell["compute_ratio"] = ex.ratio(cell["cost_to_target"], on_cost)
+        cell["compute_ratio_at_mu_measured"] = ex.ratio(
+            cell["cost_to_target_at_mu_measured"], on_cost_measured
+        )
+        cell["inference_ratio"] = ex.ratio(cell["gen_tokens_to_target"], on_tokens)
+        cell["run_dirs"] = [os.path.relpath(run[1], sweep.workdir) for run in cell["runs"]]
+        del cell["runs"]
+    done = [c for c in sweep.cells if c["feasible"]]
+    best = min(done, key=lambda c: (c["cost_to_target"] or math.inf, -(c["final_accuracy"] or 0.0)))
+    return {
+        "cells": sweep.cells,
+        "best": best["name"],
+        "target_accuracy": sweep.target,
+        "target_source": sweep.target_source,
+        "mu_model": sweep.mu_model,
+        "mu_measured": mu_measured,
+        "onpolicy_total_cost": on_cost,
+        "onpolicy_total_cost_at_mu_measured": on_cost_measured,
+        "onpolicy_gen_tokens": on_tokens,
+        "variant": sweep.args.variant,
+        "R": sweep.r,
+        "lr": sweep.lr,
+        "budget_rollouts": sweep.budget,
+        "seeds": sweep.seeds,
+    }
+
+
+def table(payload) -> str:
+    rows = []
+    for c in payload["cells"]:
+        feasible = c["feasible"]
+        rows.append(
+            [
+                c["name"],
+                _label(c["x"]),
+                _label(c["y"]),
+                c["overrides"]["train.batch_size"],
+                c["overrides"]["replay.capacity"],
+                ex.fmt(c.get("final_accuracy"), "pct") if feasible else "n/a",
+                ex.fmt(c.get("gen_tokens_to_target"), "int") if feasible else "n/a",
+                ex.fmt(c.get("cost_to_target"), "int") if feasible else "n/a",
+                ex.fmt(c.get("compute_ratio")) if feasible and c.get("compute_ratio") else "-",
+                ex.fmt(c.get("wall_s"), "int") if feasible else "n/a",
+            ]
+        )
+    header = [
+        "run",
+        "x = N/R",
+        "y = B/R",
+        "B",
+        "N",
+        "final acc",
+        "tokens to target",
+        f"cost to target (mu={payload['mu_model']:g})",
+        "vs on-policy cost",
+        "wall s",
+    ]
+    notes = (
+        f"\nR = {payload['R']}, lr {payload['lr']:g}, target "
+        f"{100 * payload['target_accuracy']:.1f}% ({payload['target_source']}), seeds "
+        f"{payload['seeds']}; best: {payload['best']}.\n"
+    )
+    return ex.markdown_table(header, rows) + notes
+
+
+def plot(payload, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import LogNorm, Normalize
+
+    grid = [c for c in payload["cells"] if c["kind"] == "grid"]
+    xs = sorted({c["x"] for c in grid})
+    ys = sorted({c["y"] for c in grid})
+    values = np.full((len(ys), len(xs)), np.nan)
+    for c in grid:
+        if c["feasible"] and c.get("cost_to_target") is not None:
+            values[ys.index(c["y"]), xs.index(c["x"])] = c["cost_to_target"]
+    fig, ax = plt.subplots(figsize=(1.6 * len(xs) + 2.5, 1.3 * len(ys) + 1.8))
+    finite = values[np.isfinite(values)]
+    norm = None
+    if finite.size:
+        lo, hi = finite.min(), finite.max()
+        # Costs span orders of magnitude: a log scale unless one is 0.
+        norm = LogNorm(lo, max(hi, lo * 1.01)) if lo > 0 else Normalize(lo, max(hi, lo + 1))
+    image = ax.imshow(values, origin="lower", cmap="viridis_r", norm=norm, aspect="auto")
+    for c in grid:
+        i, j = ys.index(c["y"]), xs.index(c["x"])
+        if not c["feasible"]:
+            text, colour = "n/a", "grey"
+        elif c.get("cost_to_target") is None:
+            ax.add_patch(
+                plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", color="grey")
+            )
+            text, colour = f"never\n{ex.fmt(c.get('final_accuracy'), 'pct')}", "black"
+        else:
+            text = f"{c['cost_to_target']:,.0f}"
+            if c.get("compute_ratio") is not None:
+                text += f"\n{c['compute_ratio']:.2f}x"
+            colour = "white" if norm and norm(c["cost_to_target"]) > 0.5 else "black"
+        ax.text(j, i, text, ha="center", va="center", color=colour, fontsize=9)
+    ax.set_xticks(range(len(xs)), [_label(x) for x in xs])
+    ax.set_yticks(range(len(ys)), [_label(y) for y in ys])
+    ax.set_xlabel("staleness horizon x = N / R")
+    ax.set_ylabel("replay ratio y = B / R")
+    ax.set_title(
+        f"cost to {100 * payload['target_accuracy']:.1f}% (mu = {payload['mu_model']:g}; "
+        f"ratio to on-policy total), R = {payload['R']}"
+    )
+    if finite.size:
+        fig.colorbar(image, ax=ax, label="rollouts trained + mu x generated")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    t0, load_start = time.time(), ex.load_average()
+    try:
+        args = parse_args(argv)
+        sweep = Sweep(args)
+        sweep.validate()
+    except (config_utils.ConfigError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(sweep.workdir, exist_ok=True)
+    cache = args.compilation_cache or os.path.join(sweep.workdir, "jax_cache")
+    with ex.compilation_cache(None if cache == "none" else cache):
+        payload = run_and_summarize(sweep)
+    payload["command"] = shlex.join([os.path.basename(sys.executable), "scripts/sweep.py", *argv])
+    payload["machine"] = {
+        **ex.machine_info(),
+        "load_average_start": load_start,
+        "load_average_end": ex.load_average(),
+    }
+    payload["wall_s"] = time.time() - t0
+    ex.write_json(os.path.join(sweep.workdir, "sweep.json"), payload)
+    plot(payload, os.path.join(sweep.workdir, "sweep.png"))
+    text = table(payload)
+    with open(os.path.join(sweep.workdir, "sweep.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

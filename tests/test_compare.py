@@ -1,0 +1,215 @@
+"""Tests for scripts/compare.py and replax/experiments.py: the ratio arithmetic on
+hand-made metrics, then the script end to end on a micro config."""
+
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+
+from replax import experiments as ex
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compare = load_script("compare")
+
+
+def write_run(workdir, *, r, b, steps, eval_every, accuracies, tokens_per_step, mu):
+    """metrics.jsonl of a run generating r and training on b rollouts per step."""
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        for step in range(1, steps + 1):
+            record = {
+                "step": step,
+                "gen_tokens": tokens_per_step * step,
+                "gen_rollouts": r * step,
+                "train_rollouts": b * step,
+                "wall_s": 2.0 * step,
+                "gen_s": 1.0 * step,
+                "train_s": 0.5 * step,
+                "mu_measured": mu,
+            }
+            if step % eval_every == 0:
+                record.update(
+                    eval_accuracy=accuracies[step // eval_every - 1],
+                    eval_pass_at_k=0.9,
+                    entropy=0.3,
+                )
+            f.write(json.dumps(record) + "\n")
+
+
+def test_ratios_on_hand_made_metrics(tmp_path):
+    # On-policy, R = B = 64, 4 steps of 100 tokens: finals 0.5, 0.6, 0.4 -> target 0.5.
+    # Total cost at mu = 6: 256 + 6 * 256 = 1792; tokens 400.
+    # Replay, R = 32, B = 64, 8 steps of 50 tokens, evaluated every 2 steps: seed 0 reaches
+    # 0.5 at step 4 (200 tokens, cost 256 + 6 * 128 = 1024), seed 1 at step 6 (300 tokens,
+    # cost 384 + 6 * 192 = 1536), seed 2 never: medians 300 tokens and cost 1536.
+    onpolicy = [[0.3, 0.4, 0.45, 0.5], [0.3, 0.35, 0.5, 0.6], [0.2, 0.3, 0.4, 0.4]]
+    replay = [[0.4, 0.5, 0.55, 0.55], [0.45, 0.45, 0.52, 0.6], [0.3, 0.4, 0.4, 0.45]]
+    results = {}
+    for name, accs, r, steps, every, tokens, mu in (
+        ("onpolicy", onpolicy, 64, 4, 1, 100, 0.5),
+        ("replay", replay, 32, 8, 2, 50, 0.4),
+    ):
+        runs = []
+        for seed, acc in enumerate(accs):
+            d = str(tmp_path / name / f"seed{seed}")
+            write_run(
+                d,
+                r=r,
+                b=64,
+                steps=steps,
+                eval_every=every,
+                accuracies=acc,
+                tokens_per_step=tokens,
+                mu=mu,
+            )
+            runs.append((seed, d))
+        results[name] = {
+            "lr_grid": [{"lr": 1e-4, "final_accuracy": accs[0][-1]}],
+            "lr": 1e-4,
+            "runs": runs,
+        }
+    plan = compare.Plan(compare.parse_args([f"--workdir={tmp_path}"]))
+    payload, curves = compare.report(plan, results, mu_model=6.0, target=None)
+
+    assert payload["target_accuracy"] == 0.5
+    on, rp = payload["variants"]["onpolicy"], payload["variants"]["replay"]
+    assert on["gen_tokens"] == 400 and on["total_cost"] == 1792
+    assert rp["per_seed"]["gen_tokens_to_target"] == [200, 300, None]
+    assert rp["per_seed"]["cost_to_target"] == [1024, 1536, None]
+    assert rp["gen_tokens_to_target"] == 300 and rp["cost_to_target"] == 1536
+    assert rp["iqr"]["gen_tokens_to_target"] == [250, None]
+    assert payload["inference_ratio"] == pytest.approx(300 / 400)
+    assert payload["compute_ratio"] == pytest.approx(1536 / 1792)
+    # mu measured: the median of 0.5, 0.5, 0.5, 0.4, 0.4, 0.4 is 0.45.
+    assert payload["mu_measured"] == pytest.approx(0.45)
+    # Without the first step: 1 s per 64 (on-policy) or 32 (replay) generated rollouts,
+    # 0.5 s per 64 trained: mu = 2 and 4, median 3.
+    assert payload["mu_measured_steady"] == pytest.approx(3.0)
+    on_total = 256 + 0.45 * 256
+    assert payload["compute_ratio_at_mu_measured"] == pytest.approx((384 + 0.45 * 192) / on_total)
+    assert on["final_accuracy"] == 0.5 and on["per_seed"]["final_accuracy"] == [0.5, 0.6, 0.4]
+    # The curves plot and the table prints without training.
+    compare.plot(payload, curves, str(tmp_path / "compare.png"))
+    assert "| replay | 0.0001 | 55.0% |" in compare.table(payload)
+
+
+def test_statistics_helpers():
+    assert ex.median([1.0, None, 3.0]) == 3.0
+    assert ex.median([1.0, None]) is None  # the median is "never"
+    assert ex.median([1.0, None], none_is_inf=False) == 1.0
+    assert ex.iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == [2.0, 4.0]
+    assert ex.ratio(None, 2.0) is None and ex.ratio(1.0, 4.0) == 0.25
+    records = [{"step": 1, "eval_accuracy": 0.2, "gen_tokens": 5}]
+    assert ex.first_reach(records, 0.3) is None
+    assert ex.first_reach(records, 0.3, base_accuracy=0.4)["gen_tokens"] == 0
+    hit = ex.to_target(records, 0.5, {"cost": 6.0})
+    assert hit["cost"] == math.inf and hit["gen_tokens_to_target"] == math.inf
+
+
+def test_override_parsing_and_bad_flags(tmp_path):
+    config = ex.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+    ex.set_value(config, "replay.capacity", "128")
+    ex.set_value(config, "replay.drop_zero_advantage", "false")
+    ex.set_value(config, "optimizer.learning_rate", "1e-4")
+    assert config.replay.capacity == 128 and config.replay.drop_zero_advantage is False
+    assert config.optimizer.learning_rate == 1e-4
+    assert ex.split_override("replay:train.batch_size=32") == ("replay", "train.batch_size", "32")
+    assert ex.split_override("eval.every=3") == (None, "eval.every", "3")
+    assert compare.main([f"--workdir={tmp_path / 'a'}", "--override=no.such=1"]) == 2
+    assert compare.main([f"--workdir={tmp_path / 'b'}", "--variants=onpolicy,nope"]) == 2
+
+
+# A micro run (tests/test_trainer.py's MICRO): 8 simulated devices divide every batch.
+MICRO = [
+    "model.num_layers=1",
+    "model.d_model=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.head_dim=16",
+    "model.mlp_dim=64",
+    "warmstart.max_steps=4",
+    "warmstart.eval_every=4",
+    "task.num_train=64",
+    "task.num_test=16",
+    "rollout.group_size=4",
+    "eval.num_prompts=16",
+    "eval.pass_k=2",
+    "eval.pass_k_prompts=8",
+    "log_every=1",
+    # On-policy: R = B = N = 16. Replay: R = 8, B = 16, N = 32.
+    "onpolicy:rollout.prompts_per_step=4",
+    "onpolicy:train.batch_size=16",
+    "onpolicy:replay.capacity=16",
+    "replay:rollout.prompts_per_step=2",
+    "replay:train.batch_size=16",
+    "replay:replay.capacity=32",
+]
+
+
+def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
+    workdir = tmp_path / "cmp"
+    argv = [
+        f"--workdir={workdir}",
+        "--seeds=2",
+        "--lr_grid=onpolicy:1e-4;replay:3e-5",
+        "--budget_rollouts=64",
+        "--num_evals=2",
+        *[f"--override={o}" for o in MICRO],
+    ]
+    assert compare.main(argv) == 0
+    payload = json.loads((workdir / "compare.json").read_text())
+    for key in (
+        "variants",
+        "mu_measured",
+        "mu_model",
+        "inference_ratio",
+        "compute_ratio",
+        "compute_ratio_at_mu_measured",
+        "lr_grid",
+        "lr_chosen",
+        "target_accuracy",
+        "command",
+        "machine",
+    ):
+        assert key in payload, key
+    assert payload["mu_model"] == 6.0
+    assert payload["machine"]["cpu_count"] and payload["machine"]["load_average_end"]
+    for name, steps in (("onpolicy", 4), ("replay", 8)):
+        v = payload["variants"][name]
+        for key in (
+            "final_accuracy",
+            "pass_at_k",
+            "entropy",
+            "gen_tokens",
+            "wall_s",
+            "gen_s",
+            "train_s",
+            "gen_tokens_to_target",
+            "cost_to_target",
+            "per_seed",
+            "iqr",
+        ):
+            assert key in v, (name, key)
+        assert v["seeds"] == [0, 1] and v["total_steps"] == steps
+        assert len(v["per_seed"]["final_accuracy"]) == 2
+    assert payload["variants"]["onpolicy"]["B"] == payload["variants"]["onpolicy"]["R"] == 16
+    assert payload["lr_chosen"] == {"onpolicy": 1e-4, "replay": 3e-5}
+    assert (workdir / "compare.png").stat().st_size > 10_000
+    assert "| onpolicy |" in (workdir / "compare.md").read_text()
+    # One warm start per seed, shared by both variants; one dataset.
+    assert len(os.listdir(workdir / "base")) == 2
+    # A rerun skips the finished runs.
+    capsys.readouterr()
+    assert compare.main(argv) == 0
+    assert capsys.readouterr().out.count("done already") == 6  # the selection seed is asked twice
