@@ -20,10 +20,10 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
+from replax import auto_replay, evaluation, objectives, sharding
 from replax import checkpoint as checkpoint_lib
 from replax import config_utils as cu
 from replax import data as data_lib
-from replax import evaluation, objectives, sharding
 from replax import metrics as metrics_lib
 from replax import model as model_lib
 from replax import replay as replay_lib
@@ -67,6 +67,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     cu.one_of(config, "replay.strategy", replay_lib.STRATEGIES)
     cu.one_of(config, "replay.sample_mode", replay_lib.SAMPLE_MODES)
     cu.one_of(config, "replay.mode", ("fixed", "auto"))
+    if config.replay.mode == "auto":
+        cu.require(
+            config.train.batch_size % 2 == 0,
+            f"train.batch_size={config.train.batch_size} with replay.mode='auto': the batch "
+            "splits into two halves, so it must be even",
+        )
+        cu.positive(config, "replay.auto_every")
     cu.one_of(config, "loss.name", objectives.LOSSES)
     cu.one_of(config, "loss.aggregation", objectives.AGGREGATIONS)
     cu.one_of(config, "model.dtype", tuple(model_lib.DTYPES))
@@ -165,7 +172,11 @@ def make_ingest(
     """The jitted device half of a step after scoring: freeze advantages, build rollout
     items, add them to the store (donated), and sample the training batch."""
 
-    def ingest(replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng):
+    def ingest(
+        replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng, generate, max_age
+    ):
+        """generate (bool[]) and max_age (int32[]) are None except in auto replay, where a
+        step without generation stores nothing and the staleness limit moves."""
         # ROLLOUT ITEMS: prompt (left-padded) + completion, log-probs aligned to tokens.
         zeros = jnp.zeros(prompt_ids.shape, jnp.float32)
         completion_mask = completion["mask"]
@@ -190,9 +201,13 @@ def make_ingest(
         if drop_zero_advantage:
             spread = jnp.ptp(rewards.reshape(-1, group_size), axis=1) > 0
             keep = jnp.repeat(spread, group_size)
+        if generate is not None:
+            keep = jnp.broadcast_to(generate, rewards.shape) & (True if keep is None else keep)
         # ADD, THEN SAMPLE THE TRAINING BATCH.
         replay_state = buffer.add(replay_state, items, step, keep=keep)
-        replay_state, sampled, info = buffer.sample(replay_state, rng, batch_size, step)
+        replay_state, sampled, info = buffer.sample(
+            replay_state, rng, batch_size, step, max_age=max_age
+        )
         batch = {k: sampled[k] for k in train_step_lib.BATCH_KEYS if k in sampled}
         batch.update(
             importance_weights=info.importance_weights,
@@ -276,10 +291,11 @@ def build(config, workdir: str, log=print) -> Run:
     params = None
     if config.warmstart.enabled:
         ws = config.warmstart
+        # What the base depends on (not where it or the data are stored).
         key = warmstart_lib.cache_key(
             model=config.model.to_dict(),
-            task=config.task.to_dict(),
-            warmstart=ws.to_dict(),
+            task={k: v for k, v in config.task.to_dict().items() if k != "data_dir"},
+            warmstart={k: v for k, v in ws.to_dict().items() if k != "cache_dir"},
             seed=config.seed,
             rollout=(rollout.max_prompt_len, rollout.max_new_tokens),
         )
@@ -370,6 +386,7 @@ def build(config, workdir: str, log=print) -> Run:
         state_shardings,
         batch_sharding,
         temperature=rollout.temperature,
+        half_batch_stats=rc.mode == "auto",
     )
     ingest = jax.jit(
         make_ingest(
@@ -439,61 +456,100 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
     if base_accuracy is None:
         base_accuracy = run.evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {base_accuracy:.3f}")
+    # AUTO REPLAY: the generation period and the staleness horizon, planned online.
+    auto = None
+    if c.replay.mode == "auto":
+        auto = auto_replay.AutoReplayController(
+            rollouts_per_generation=r,
+            batch_size=b,
+            capacity=c.replay.capacity,
+            mu_override=c.replay.mu or None,
+            update_every=c.replay.auto_every,
+        )
+        if latest is not None and loop_state.get("auto_replay"):
+            auto = auto_replay.AutoReplayController.from_state_dict(loop_state["auto_replay"])
+        # What a step without generation feeds the (static-shaped) ingest: nothing kept.
+        no_prompt_ids = np.zeros((r, c.rollout.max_prompt_len), np.int32)
+        no_prompt_mask = np.zeros((r, c.rollout.max_prompt_len), bool)
+        no_completion = {
+            "tokens": np.zeros((r, c.rollout.max_new_tokens), np.int32),
+            "mask": np.zeros((r, c.rollout.max_new_tokens), bool),
+            "logprobs": np.zeros((r, c.rollout.max_new_tokens), np.float32),
+        }
     bar = metrics_lib.ProgressBar(c.total_steps, start_step)
     t_start = time.time() - wall_offset
     record: dict[str, Any] = {}
+    reward_mean = 0.0
     for step in range(start_step, c.total_steps):
         key = jax.random.fold_in(base_key, step)
         gen_key, sample_key, eval_key = jax.random.split(key, 3)
+        generate = auto is None or auto.should_generate(step)
+        max_age = None if auto is None else auto.max_age()
         # GENERATE R rollouts: G completions for each prompt.
         t0 = time.time()
-        prompts = next(data_iter)
-        prompt_ids = np.repeat(prompts["prompt_ids"], c.rollout.group_size, axis=0)
-        prompt_mask = np.repeat(prompts["prompt_mask"], c.rollout.group_size, axis=0)
-        answers = np.repeat(prompts["answer"], c.rollout.group_size)
-        out = run.sampler.generate(train_state.params, prompt_ids, prompt_mask, gen_key)
-        completion_tokens = np.asarray(out.tokens)
-        gen_s = time.time() - t0
-        # SCORE on the host.
-        rewards, reward_errors = evaluation.score(
-            run.task, run.tokenizer, completion_tokens, answers
-        )
+        if generate:
+            prompts = next(data_iter)
+            prompt_ids = np.repeat(prompts["prompt_ids"], c.rollout.group_size, axis=0)
+            prompt_mask = np.repeat(prompts["prompt_mask"], c.rollout.group_size, axis=0)
+            answers = np.repeat(prompts["answer"], c.rollout.group_size)
+            out = run.sampler.generate(train_state.params, prompt_ids, prompt_mask, gen_key)
+            completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
+            completion_tokens = np.asarray(out.tokens)
+            gen_s = time.time() - t0
+            # SCORE on the host.
+            rewards, reward_errors = evaluation.score(
+                run.task, run.tokenizer, completion_tokens, answers
+            )
+            reward_mean = float(rewards.mean())
+        else:
+            prompt_ids, prompt_mask, completion = no_prompt_ids, no_prompt_mask, no_completion
+            rewards, reward_errors, gen_s = np.zeros(r, np.float32), 0, 0.0
         # ADD, SAMPLE, STEP on the devices.
         t1 = time.time()
         replay_state, batch, stats = run.ingest(
             replay_state,
             prompt_ids,
             prompt_mask,
-            {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs},
+            completion,
             jnp.asarray(rewards),
             jnp.int32(step),
             sample_key,
+            None if auto is None else jnp.bool_(generate),
+            None if auto is None else jnp.int32(max_age),
         )
         train_state, step_metrics = run.train_step(train_state, batch)
         step_metrics = jax.device_get(step_metrics)
         train_s = time.time() - t1
 
         # ACCOUNTING
-        lengths = np.asarray(out.lengths)
-        account.gen_tokens += int(lengths.sum())
-        account.gen_flops += model_lib.generate_flops(
-            mcfg, r, c.rollout.max_prompt_len, int(lengths.max()), seq_len
-        )
+        if generate:
+            lengths = np.asarray(out.lengths)
+            account.gen_tokens += int(lengths.sum())
+            account.gen_flops += model_lib.generate_flops(
+                mcfg, r, c.rollout.max_prompt_len, int(lengths.max()), seq_len
+            )
+            account.gen_rollouts += r
         account.train_flops += model_lib.train_flops(mcfg, b, seq_len)
         account.gen_s += gen_s
         account.train_s += train_s
-        account.gen_rollouts += r
         account.train_rollouts += b
         account.steps += 1
         record = {
             "wall_s": time.time() - t_start,
             **account.as_dict(),
             "mu_measured": account.mu_measured(),
-            "reward_mean": float(rewards.mean()),
+            "reward_mean": reward_mean,
             "reward_errors": reward_errors,
             **jax.device_get(stats),
             **step_metrics,
         }
+        if auto is not None:
+            auto.observe(
+                gen_s=gen_s if generate else None,
+                train_s=train_s,
+                stats={k: step_metrics[k] for k in auto_replay.STAT_KEYS},
+            )
+            record.update(auto.metrics(), auto_max_age=max_age)  # the limit this step used
         done = step + 1
         if c.eval.every and (done % c.eval.every == 0 or done == c.total_steps):
             record.update(run.evaluator(train_state.params, eval_key))
@@ -516,6 +572,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
                     "base_accuracy": base_accuracy,
                     "wall_s": time.time() - t_start,
                     "rng_key": np.asarray(jax.random.key_data(base_key)).tolist(),
+                    "auto_replay": auto.state_dict() if auto is not None else None,
                 },
                 data_iterator=data_iter,
             )
