@@ -133,6 +133,8 @@ def get_config(arg=None):
     c.replay.drop_zero_advantage = True
     # mu for planning in auto mode; 0 means measure it on this machine.
     c.replay.mu = 0.0
+    # Auto mode re-plans the generation period and the max age every this many steps.
+    c.replay.auto_every = 10
 
     # The objective on (possibly stale) rollouts.
     c.loss = ml_collections.ConfigDict()

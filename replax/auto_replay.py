@@ -29,8 +29,9 @@ controller acts through
   (b) the staleness horizon x in steps, enforced as a dynamic max age when sampling
       (items older than x - 1 steps are ineligible). The physical capacity N bounds it:
       a rollout is evicted after N / R generations, k N / R steps. The horizon is kept at
-      least k (the latest generation is always eligible) and at least `min_horizon` (2:
-      the batch must mix ages for alpha to be measurable).
+      least k + 1 and at least `min_horizon` (2): the latest generation is always
+      eligible and, on generating steps, so is the one before it; without two ages in a
+      batch alpha cannot be measured.
 
 The estimators. mu: an EMA of generation seconds per generated rollout over an EMA of
 training seconds per trained rollout, unless `mu_override` plans for another machine.
@@ -51,9 +52,12 @@ age ranges, hence from different generations and different buffer slots, so the
 finite-buffer (1/x) noise does not enter S.
   alpha: sigma^2(a) ~ (a + 1)^(2 alpha) (a fresh rollout counts as age 1), so
     log(n_B / n_A) = 2 alpha log((age_B + 1) / (age_A + 1)). Each planning window pools
-    its n_A, n_B and ages into one point (u, v) = (log age ratio, log noise ratio); alpha
+    the n_A, n_B and ages of its steps whose halves differ in age (by half a step or
+    more) into one point (u, v) = (log age ratio, log noise ratio); alpha
     is the slope / 2 of an exponentially weighted regression through the origin, with the
-    prior alpha_init entered as one pseudo-point at u = log 2. Clipped to
+    prior alpha_init entered as one pseudo-point at u = log 2 that does not decay (the
+    data's weight is about 1 / (1 - ema) windows, so the prior is a light anchor against
+    a noisy window). Clipped to
     [alpha_min, alpha_max] (alpha_max < 1/2: beyond it on-policy is optimal anyway).
   rho: the step gradient's second moment is E|G|^2 = s^2 (1/B + 1/N) + (|g|^2 + shared
     covariance); in J's normalisation (multiply by R / s^2) the bracket is
@@ -284,13 +288,16 @@ class AutoReplayController:
         # Estimates.
         self.alpha = alpha_init
         self.rho = rho_init
-        # Regression through the origin, prior as one pseudo-point at u = log 2.
-        u0 = math.log(2.0)
-        self.reg_uu = u0 * u0
-        self.reg_uv = u0 * u0 * 2 * alpha_init
-        # Statistics pooled over the current planning window.
+        # Regression through the origin: decayed data sums; the prior is one fixed
+        # pseudo-point at u = log 2.
+        self.reg_uu = 0.0
+        self.reg_uv = 0.0
+        # Statistics pooled over the current planning window: all steps (for rho), and the
+        # steps whose halves differ in age (for alpha).
         self.window = dict.fromkeys(STAT_KEYS, 0.0)
         self.window_steps = 0
+        self.mixed = dict.fromkeys(STAT_KEYS, 0.0)
+        self.mixed_steps = 0
         self.observed = 0
         # Plan and the generation credit.
         self.credit = 1.0
@@ -347,6 +354,10 @@ class AutoReplayController:
                 for k, v in values.items():
                     self.window[k] += v
                 self.window_steps += 1
+                if values["halves_age_stale"] - values["halves_age_fresh"] >= 0.5:
+                    for k, v in values.items():
+                        self.mixed[k] += v
+                    self.mixed_steps += 1
         self.observed += 1
         if self.observed % self.update_every == 0:
             self._update_estimates()
@@ -356,20 +367,23 @@ class AutoReplayController:
         return new if old is None else self.ema * old + (1 - self.ema) * new
 
     def _update_estimates(self):
-        n = self.window_steps
-        if n:
-            w = {k: v / n for k, v in self.window.items()}
+        if self.mixed_steps:
+            m = {k: v / self.mixed_steps for k, v in self.mixed.items()}
             point = alpha_point(
-                w["halves_noise_fresh"],
-                w["halves_noise_stale"],
-                w["halves_age_fresh"],
-                w["halves_age_stale"],
+                m["halves_noise_fresh"],
+                m["halves_noise_stale"],
+                m["halves_age_fresh"],
+                m["halves_age_stale"],
             )
             if point is not None:
                 u, v = point
                 self.reg_uu = self.ema * self.reg_uu + u * u
                 self.reg_uv = self.ema * self.reg_uv + u * v
-                self.alpha = _clip(self.reg_uv / self.reg_uu / 2, *self.alpha_range)
+                prior_uu = math.log(2.0) ** 2
+                slope = (self.reg_uv + prior_uu * 2 * self.alpha_init) / (self.reg_uu + prior_uu)
+                self.alpha = _clip(slope / 2, *self.alpha_range)
+        if self.window_steps:
+            w = {k: v / self.window_steps for k, v in self.window.items()}
             rho = rho_estimate(
                 w["halves_cross"],
                 w["halves_noise_fresh"],
@@ -383,6 +397,8 @@ class AutoReplayController:
                 self.rho = math.exp(self.ema * math.log(self.rho) + (1 - self.ema) * math.log(rho))
         self.window = dict.fromkeys(STAT_KEYS, 0.0)
         self.window_steps = 0
+        self.mixed = dict.fromkeys(STAT_KEYS, 0.0)
+        self.mixed_steps = 0
 
     def _plan(self):
         x, y = optimal_design(self.mu, self.rho, self.alpha)
@@ -390,7 +406,7 @@ class AutoReplayController:
         r, b = self.rollouts_per_generation, self.batch_size
         self.period = _clip(y * r / b, 1.0, float(self.max_period))
         longest = self.period * self.capacity / r  # steps a rollout survives in the ring
-        shortest = max(self.period, float(self.min_horizon))
+        shortest = max(self.period + 1, float(self.min_horizon))
         self.horizon = _clip(x, min(shortest, longest), longest)
 
     # ---------------------------------------------------------------- reporting
@@ -425,6 +441,8 @@ class AutoReplayController:
             reg_uv=self.reg_uv,
             window=dict(self.window),
             window_steps=self.window_steps,
+            mixed=dict(self.mixed),
+            mixed_steps=self.mixed_steps,
             observed=self.observed,
             credit=self.credit,
             last_step=self.last_step,
@@ -445,6 +463,7 @@ class AutoReplayController:
             "reg_uu",
             "reg_uv",
             "window_steps",
+            "mixed_steps",
             "observed",
             "credit",
             "last_step",
@@ -452,5 +471,6 @@ class AutoReplayController:
         ):
             setattr(controller, k, state[k])
         controller.window = dict(state["window"])
+        controller.mixed = dict(state["mixed"])
         controller._plan()
         return controller

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,8 @@ from replax.auto_replay import (
     numeric_optimal_design,
     optimal_design,
 )
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---------------------------------------------------------------- the optimal design
 
@@ -98,6 +101,17 @@ def test_controller_recovers_alpha_and_rho_from_synthetic_statistics(alpha):
     )
     for _ in range(600):
         controller.observe(stats=synthetic_stats(rng, alpha=alpha, signal=signal))
+        # Steps whose halves have one age (between generations) carry no alpha information
+        # and must not dilute it (their noise is 1 per rollout, their signal set for one rho).
+        controller.observe(
+            stats=synthetic_stats(
+                rng,
+                alpha=0.0,
+                signal=signal / ((1 + 8 ** (2 * alpha)) / 2),
+                age_fresh=3,
+                age_stale=3,
+            )
+        )
     true_rho = r * signal / ((1 + 8 ** (2 * alpha)) / 2)
     assert controller.alpha == pytest.approx(alpha, abs=0.03)
     assert controller.rho == pytest.approx(true_rho, rel=0.15)
@@ -145,7 +159,7 @@ def test_generation_credit_realises_the_period_and_the_horizon_bounds():
     assert decisions[0] and sum(decisions) == 8  # one step in 2.5
     assert controller.should_generate(19) == decisions[-1]  # asking twice agrees
     assert controller.max_age() == 6
-    # The horizon stays within [max(period, 2), period * N / R] steps.
+    # The horizon stays within [max(period + 1, 2), period * N / R] steps.
     controller = planned(mu=1000.0, alpha=0.02)
     assert controller.horizon <= controller.period * 1024 / 32
     controller = planned(mu=0.05, alpha=0.45)
@@ -271,3 +285,66 @@ def test_train_step_with_half_batch_stats_matches_the_plain_step():
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params[False], params[True]
     )
+
+
+# ------------------------------------------------------------ the trainer in auto mode
+
+AUTO_MICRO = {
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.num_heads": 2,
+    "model.num_kv_heads": 1,
+    "model.head_dim": 16,
+    "model.mlp_dim": 64,
+    "warmstart.enabled": False,
+    "task.num_train": 64,
+    "task.num_test": 16,
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 4,
+    "train.batch_size": 16,
+    "replay.capacity": 64,
+    "eval.num_prompts": 16,
+    "eval.pass_k": 2,
+    "eval.pass_k_prompts": 8,
+    "eval.every": 4,
+    "checkpoint_every": 4,
+    "total_steps": 8,
+    "replay.mode": "auto",
+    "replay.auto_every": 3,
+    # Plan for an accelerator (mu = 20: generate about every 4th step); the micro policy
+    # solves nothing, so an entropy bonus gives the gradient statistics something to see.
+    "replay.mu": 20.0,
+    "replay.drop_zero_advantage": False,
+    "loss.entropy_coef": 0.01,
+}
+
+
+def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_path):
+    from replax import experiments, trainer
+    from replax import metrics as metrics_lib
+
+    def config(total_steps):
+        c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+        for key, value in {**AUTO_MICRO, "total_steps": total_steps}.items():
+            experiments.set_value(c, key, value)
+        c.task.data_dir = str(tmp_path / "data")
+        os.makedirs(c.task.data_dir, exist_ok=True)
+        return c
+
+    timing = ("wall_s", "gen_s", "train_s", "mu_measured")
+    strip = lambda records: [{k: v for k, v in r.items() if k not in timing} for r in records]
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        trainer.train(config(8), str(tmp_path / "full"), log=lambda _: None)
+        trainer.train(config(4), str(tmp_path / "resumed"), log=lambda _: None)
+        trainer.train(config(8), str(tmp_path / "resumed"), log=lambda _: None)
+    records = metrics_lib.read_metrics(str(tmp_path / "full"))
+    assert [r["step"] for r in records] == list(range(1, 9))
+    generated = [r["auto_generate"] for r in records]
+    assert generated[0] == 1 and 2 <= sum(generated) < 8
+    assert records[-1]["gen_rollouts"] == 8 * sum(generated)
+    assert records[-1]["train_rollouts"] == 16 * 8
+    for key in ("auto_mu", "auto_alpha", "auto_rho", "auto_y", "auto_x", *auto_replay.STAT_KEYS):
+        assert key in records[-1], key
+    assert records[-1]["auto_mu"] == 20.0
+    assert all(r["replay_age_max"] <= r["auto_max_age"] for r in records)
+    assert strip(metrics_lib.read_metrics(str(tmp_path / "resumed"))) == strip(records)
