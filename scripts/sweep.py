@@ -13,7 +13,7 @@ it), auto (replay.mode=auto). A cell the trainer rejects (e.g. N < B) is marked 
 
 The target is the on-policy median final accuracy of a compare.json (`--target_from`,
 which also supplies the replay learning rate, mu_model, the budget and, when present,
-its warm starts and data) or `--target`. Each run's generated tokens and modelled cost
+its warm starts and data) or `--target` (the budget is then compare.py's default). Each run's generated tokens and modelled cost
 (sum over steps of B + mu R) when it first reaches the target go to DIR/sweep.json, a
 markdown table to DIR/sweep.md (and stdout), and a heat map to DIR/sweep.png (x by y,
 colour = median cost to target at mu_model, annotated; never-reached cells hatched).
@@ -126,9 +126,7 @@ class Sweep:
         self.lr = args.lr or cmp.get("lr_chosen", {}).get(args.variant)
         self.lr = self.lr or base.optimizer.learning_rate
         self.mu_model = args.mu_model or cmp.get("mu_model") or 6.0
-        self.budget = (
-            args.budget_rollouts or cmp.get("budget_rollouts") or base.total_steps * self.r
-        )
+        self.budget = args.budget_rollouts or cmp.get("budget_rollouts") or self._default_budget()
         if args.target is not None:
             self.target, self.target_source = args.target, "--target"
         elif self.compare is not None:
@@ -142,6 +140,16 @@ class Sweep:
         )
         self.seeds = list(range(args.seeds))
         self.cells = self._cells(base)
+
+    def _default_budget(self) -> int:
+        """compare.py's default: total_steps x R of the on-policy variant, if any."""
+        reference = self.args.variant
+        if "onpolicy" in ex.config_variants(self.args.config):
+            reference = "onpolicy"
+        config = ex.load_config(self.args.config, reference)
+        for _, key, value in self.overrides:
+            ex.set_value(config, key, value)
+        return config.total_steps * ex.rollouts_per_step(config)
 
     def base_config(self):
         config = ex.load_config(self.args.config, self.args.variant)
