@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import flax
@@ -96,26 +97,76 @@ def _argmax(x):
     return jnp.min(jnp.where(is_max, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1)
 
 
-def sample_tokens(rng, logits, config: SamplingConfig):
-    """Draws one token per row. logits: float32[B, V] -> (int32[B], float32[B] log-probs).
+def _inverse_cdf(probs, uniform):
+    """Per row, the first index whose cumulative probability exceeds uniform x total.
 
-    Sampling inverts the CDF with one uniform number per row (the Gumbel trick would
-    need B x V random numbers per step).
+    Two levels, blocks of about sqrt(V) tokens and then the tokens of the chosen block,
+    with prefix sums as small triangular matmuls: a handful of ops over [B, V], where a
+    cumulative sum over the vocabulary is a log-depth scan on CPU and GPU.
+    probs: float32[B, V] (unnormalised is fine); uniform: float32[B] in [0, 1).
+    """
+    b, v = probs.shape
+    width = math.isqrt(v - 1) + 1  # block length, ceil(sqrt(V))
+    num_blocks = -(-v // width)
+    blocks = jnp.pad(probs, ((0, 0), (0, num_blocks * width - v)))
+    blocks = blocks.reshape(b, num_blocks, width)
+
+    def prefix_sums(x):  # inclusive, along the last axis
+        upper = jnp.arange(x.shape[-1])[:, None] <= jnp.arange(x.shape[-1])[None, :]
+        return jnp.matmul(x, upper.astype(x.dtype), precision=jax.lax.Precision.HIGHEST)
+
+    block_cdf = prefix_sums(jnp.sum(blocks, axis=-1))  # [B, num_blocks]
+    target = (uniform * block_cdf[:, -1])[:, None]  # [B, 1]
+    block = jnp.minimum(jnp.sum(block_cdf <= target, axis=-1), num_blocks - 1)  # [B]
+    before = jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], axis=-1)
+    before = jnp.where(block[:, None] > 0, before, 0.0)  # [B, 1] mass of earlier blocks
+    inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, width]
+    inner_cdf = before + prefix_sums(inner)
+    within = jnp.minimum(jnp.sum(inner_cdf <= target, axis=-1), width - 1)
+    return jnp.minimum(block * width + within, v - 1)
+
+
+def sample_tokens(uniform, logits, config: SamplingConfig):
+    """Draws one token per row by inverting the CDF of the sampling distribution.
+
+    uniform: float32[B] in [0, 1) (unused when greedy); logits: float32[B, V].
+    Returns (int32[B] tokens, float32[B] their log-probs under the sampling distribution).
     """
     logits = sampling_logits(logits, config)
     if config.greedy:
         tokens = _argmax(logits)
     else:
-        probs = jax.nn.softmax(logits, axis=-1)  # [B, V]
-        cdf = jnp.cumsum(probs, axis=-1)
-        u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32) * cdf[:, -1:]
-        tokens = jnp.minimum(jnp.sum(cdf <= u, axis=-1), logits.shape[-1] - 1)
+        probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, V]
+        tokens = _inverse_cdf(probs, uniform)
         # Rounding can land on a zero-probability (filtered) token: take the mode instead.
         picked = jnp.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0]
         tokens = jnp.where(picked > 0, tokens, _argmax(logits))
     picked_logits = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
     token_logprobs = picked_logits - jax.nn.logsumexp(logits, axis=-1)
     return tokens.astype(jnp.int32), token_logprobs
+
+
+# Decode-loop segments: at most this many, each at least this many steps long.
+_MAX_SEGMENTS = 4
+_MIN_SEGMENT_STEPS = 16
+
+
+def _segment_ends(num_steps: int) -> tuple[int, ...]:
+    """Exclusive end step of each segment of the decode loop, e.g. 64 -> (16, 32, 48, 64)."""
+    length = max(_MIN_SEGMENT_STEPS, -(-num_steps // _MAX_SEGMENTS))
+    return tuple(range(length, num_steps, length)) + (num_steps,)
+
+
+def _grow_cache(cache, length: int | None = None):
+    """Zero-pads every layer's [B, KV, S, D] keys and values to `length` slots."""
+
+    def grow(x):
+        pad = 0 if length is None else length - x.shape[2]
+        if pad:
+            x = jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        return model_lib.constrain(x, model_lib.CACHE_AXES)
+
+    return jax.tree_util.tree_map(grow, cache)
 
 
 @flax.struct.dataclass
@@ -156,10 +207,8 @@ def _decode(
     # Prefill: slots [0, P - 1) of the cache. The last prompt token is fed by the first
     # loop iteration, so the prefill's logits are unused and compiled away.
     if kv_cache:
-        context = model_lib.init_cache(model.config, b, s, cache_dtype)
-        context = jax.tree_util.tree_map(
-            lambda x: model_lib.constrain(x, model_lib.CACHE_AXES), context
-        )
+        first_length = p - 1 + _segment_ends(n)[0]  # cache slots of the first segment
+        context = _grow_cache(model_lib.init_cache(model.config, b, first_length, cache_dtype))
         if p > 1:
             _, context = model.apply(
                 variables,
@@ -167,14 +216,14 @@ def _decode(
                 prompt_positions[:, :-1],
                 cache=context,
                 cache_index=0,
-                kv_mask=kv_mask,
+                kv_mask=kv_mask[:, :first_length],
             )
     else:
         context = jnp.concatenate([prompt_ids, jnp.full((b, n - 1), pad_id, jnp.int32)], axis=1)
         positions = prompt_positions[:, -1:] + jnp.arange(s - p + 1, dtype=jnp.int32)
         full_positions = jnp.concatenate([prompt_positions[:, :-1], positions], axis=1)
 
-    def next_logits(context, last_tokens, step):
+    def next_logits(context, last_tokens, step, kv_mask):
         """Logits for the token at `step`, fed the token before it at slot P - 1 + step."""
         slot = p - 1 + step
         if kv_cache:
@@ -193,12 +242,12 @@ def _decode(
         logits = model.apply(variables, context, full_positions, kv_mask)  # [B, S, V]
         return jax.lax.dynamic_index_in_dim(logits, slot, axis=1, keepdims=False), context
 
-    def cond(state: _LoopState):
-        return (state.step < n) & ~jnp.all(state.done)
+    def cond(state: _LoopState, end: int):
+        return (state.step < end) & ~jnp.all(state.done)
 
-    def body(state: _LoopState):
-        logits, context = next_logits(state.context, state.last_tokens, state.step)
-        tokens, logprobs = sample_tokens(jax.random.fold_in(rng, state.step), logits, sampling)
+    def body(state: _LoopState, kv_mask):
+        logits, context = next_logits(state.context, state.last_tokens, state.step, kv_mask)
+        tokens, logprobs = sample_tokens(uniforms[state.step], logits, sampling)
         tokens = jnp.where(state.done, pad_id, tokens)
         logprobs = jnp.where(state.done, 0.0, logprobs)
         return _LoopState(
@@ -212,7 +261,9 @@ def _decode(
             context=context,
         )
 
-    # Decode
+    # Decode. The random numbers of every step are drawn at once, outside the loop (on
+    # CPU each draw inside it would be a loop of its own).
+    uniforms = jax.random.uniform(rng, (n, b), jnp.float32)  # [N, B]
     state = _LoopState(
         step=jnp.zeros((), jnp.int32),
         last_tokens=prompt_ids[:, -1],
@@ -221,7 +272,20 @@ def _decode(
         done=jnp.zeros((b,), bool),
         context=context,
     )
-    state = jax.lax.while_loop(cond, body, state)
+    # The loop runs in a few segments, each over a cache just long enough for its last
+    # step, so that early steps do not attend over (read) slots not yet written. Between
+    # segments the cache grows by zero padding: one copy per segment, not per step.
+    for end in _segment_ends(n) if kv_cache else (n,):
+        if kv_cache:
+            length = p - 1 + end
+            state = state.replace(context=_grow_cache(state.context, length))
+        else:
+            length = s
+        state = jax.lax.while_loop(
+            functools.partial(cond, end=end),
+            functools.partial(body, kv_mask=kv_mask[:, :length]),
+            state,
+        )
 
     # Output: each row up to and including its first EOS; when every row stopped early,
     # the columns never visited stay pad.

@@ -17,7 +17,10 @@ Groups:
            the roofline tokens/s, where each forward call (the prefill and every decode
            step) takes max(flops / machine matmul flops, bytes / machine read bandwidth),
            flops = matmul FLOPs over the valid context and bytes = parameters + the KV
-           cache of the valid context.
+           cache of the valid context. Each cached run sits between two machine probes and
+           the fraction is the median over runs of (roofline time at the probes' mean /
+           run time), so that a load change between the probes and the runs does not skew
+           it; sampler_roofline_tokens_per_s_b* uses the median machine numbers.
 Reference model (design.md): vocab 512, 4 layers, d_model 256, 4 heads, 2 kv heads,
 head_dim 64, MLP 1024, fp32; prompt 16 tokens, 64 new tokens.
 """
@@ -86,8 +89,12 @@ def _machine_probe():
     jax.block_until_ready((matmul(a), read(big)))
 
     def probe():
-        _MACHINE_SAMPLES["matmul_gflops"].append(2 * n**3 / timed(matmul, a) / 1e9)
-        _MACHINE_SAMPLES["read_gbs"].append(big.nbytes / timed(read, big) / 1e9)
+        """Returns (matmul GFLOP/s, read GB/s) and records them."""
+        gflops = 2 * n**3 / timed(matmul, a) / 1e9
+        gbs = big.nbytes / timed(read, big) / 1e9
+        _MACHINE_SAMPLES["matmul_gflops"].append(gflops)
+        _MACHINE_SAMPLES["read_gbs"].append(gbs)
+        return gflops, gbs
 
     return probe
 
@@ -157,21 +164,30 @@ def bench_sampler(repeats: int) -> dict:
         prompts = np.random.default_rng(batch).integers(2, config.vocab_size, (batch, PROMPT_LEN))
         prompt_ids = jnp.asarray(prompts, jnp.int32)
         prompt_mask = jnp.ones((batch, PROMPT_LEN), bool)
-        rng = jax.random.key(1)
+        args = (params, prompt_ids, prompt_mask, jax.random.key(1))
         steps = {}
         for kv_cache, sampler in samplers.items():  # warm-up: compile, and count the steps
-            result = sampler.generate(params, prompt_ids, prompt_mask, rng)
+            result = sampler.generate(*args)
             steps[kv_cache] = int(jnp.max(result.lengths))  # the loop stops when all rows end
         times = {True: [], False: []}
-        for _ in range(repeats):  # cached and uncached back to back, then the machine
-            for kv_cache, sampler in samplers.items():
-                times[kv_cache].append(
-                    timed(sampler.generate, params, prompt_ids, prompt_mask, rng)
-                )
-            probe()
+        fractions = []
+        for _ in range(repeats):
+            # The cached run between two machine probes (its roofline at the same load),
+            # then the uncached run back to back.
+            before = probe()
+            times[True].append(timed(samplers[True].generate, *args))
+            after = probe()
+            times[False].append(timed(samplers[False].generate, *args))
+            roofline_s = roofline_seconds(
+                config,
+                batch,
+                PROMPT_LEN,
+                steps[True],
+                (before[0] + after[0]) / 2 * 1e9,
+                (before[1] + after[1]) / 2 * 1e9,
+            )
+            fractions.append(roofline_s / times[True][-1])
         machine = machine_numbers()
-        cached_tps = batch * steps[True] / statistics.median(times[True])
-        nocache_tps = batch * steps[False] / statistics.median(times[False])
         roofline_s = roofline_seconds(
             config,
             batch,
@@ -180,11 +196,13 @@ def bench_sampler(repeats: int) -> dict:
             machine["machine_matmul_gflops"] * 1e9,
             machine["machine_read_gbs"] * 1e9,
         )
-        roofline_tps = batch * steps[True] / roofline_s
-        out[f"sampler_tokens_per_s_b{batch}"] = cached_tps
-        out[f"sampler_nocache_tokens_per_s_b{batch}"] = nocache_tps
-        out[f"sampler_roofline_tokens_per_s_b{batch}"] = roofline_tps
-        out[f"sampler_roofline_fraction_b{batch}"] = cached_tps / roofline_tps
+        out[f"sampler_tokens_per_s_b{batch}"] = batch * steps[True] / statistics.median(times[True])
+        out[f"sampler_nocache_tokens_per_s_b{batch}"] = (
+            batch * steps[False] / statistics.median(times[False])
+        )
+        out[f"sampler_roofline_tokens_per_s_b{batch}"] = batch * steps[True] / roofline_s
+        out[f"sampler_roofline_fraction_b{batch}"] = statistics.median(fractions)
+        out[f"sampler_roofline_fractions_b{batch}"] = sorted(fractions)
         out[f"sampler_seconds_b{batch}"] = sorted(times[True])
         out[f"sampler_nocache_seconds_b{batch}"] = sorted(times[False])
     out.update(machine_numbers())  # the roofline used these

@@ -248,6 +248,32 @@ def test_bad_inputs_raise_before_compiling(params):
     assert compiled == []
 
 
+@pytest.mark.parametrize("vocab", [1, 7, 64, 130])
+def test_inverse_cdf_matches_numpy_searchsorted(vocab):
+    rng = np.random.default_rng(vocab)
+    probs = rng.random((50, vocab)).astype(np.float32)
+    probs[:, rng.random(vocab) < 0.3] = 0.0  # filtered-out tokens
+    probs[:, 0] += 1e-3  # at least one token each row
+    uniform = rng.random(50).astype(np.float32)
+    tokens = np.asarray(sampler_lib._inverse_cdf(jnp.asarray(probs), jnp.asarray(uniform)))
+    cdf = np.cumsum(probs.astype(np.float64), axis=-1)
+    expected = [np.searchsorted(c, u * c[-1], side="right") for c, u in zip(cdf, uniform)]
+    np.testing.assert_array_equal(tokens, expected)
+    assert (np.take_along_axis(probs, tokens[:, None], -1) > 0).all()
+
+
+def test_sampled_frequencies_follow_the_distribution():
+    logits = jnp.log(jnp.array([0.5, 0.25, 0.125, 0.0625, 0.0625, 0.0]))
+    config = sampler_lib.SamplingConfig(temperature=1.0)
+    uniform = jax.random.uniform(jax.random.key(0), (20_000,))
+    tokens, logprobs = sampler_lib.sample_tokens(
+        uniform, jnp.broadcast_to(logits, (20_000, 6)), config
+    )
+    frequencies = np.bincount(np.asarray(tokens), minlength=6) / 20_000
+    np.testing.assert_allclose(frequencies, np.exp(logits), atol=0.01)
+    np.testing.assert_allclose(logprobs, logits[tokens], rtol=1e-6)
+
+
 def test_sampling_config_is_frozen_and_hashable():
     config = sampler_lib.SamplingConfig(temperature=0.5, top_k=3)
     assert hash(config) == hash(dataclasses.replace(config))
