@@ -13,10 +13,11 @@ it), auto (replay.mode=auto). A cell the trainer rejects (e.g. N < B) is marked 
 
 The target is the on-policy median final accuracy of a compare.json (`--target_from`,
 which also supplies the replay learning rate, mu_model, the budget and, when present,
-its warm starts and data) or `--target` (the budget is then compare.py's default). Each run's generated tokens and modelled cost
-(sum over steps of B + mu R) when it first reaches the target go to DIR/sweep.json, a
-markdown table to DIR/sweep.md (and stdout), and a heat map to DIR/sweep.png (x by y,
-colour = median cost to target at mu_model, annotated; never-reached cells hatched).
+its warm starts and data) or `--target` (the budget is then compare.py's default).
+Each run's generated tokens and modelled cost (sum over steps of B + mu R) when it first
+reaches the target go to DIR/sweep.json, a markdown table to DIR/sweep.md (and stdout),
+and a heat map to DIR/sweep.png (x by y, colour = median cost to target at mu_model,
+annotated; never-reached cells hatched).
 Runs live in DIR/runs/NAME/seedS and are resumable.
 """
 
