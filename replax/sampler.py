@@ -5,7 +5,8 @@ row's last prompt token sits in slot P - 1 and the t-th new token goes to slot P
 the KV cache for every row alike; positions continue from each row's prompt length. The
 prefill writes slots [0, P - 1); iteration t of the loop feeds the token in slot P - 1 + t
 (the last prompt token, then each sampled one), samples token t and stops early once
-every row has produced EOS.
+every row has produced EOS. The loop runs in up to four segments, each over a cache just
+long enough for it, so that early steps do not read slots that are not written yet.
 
     sampler = make_sampler(model_config, max_prompt_len=16, max_new_tokens=64,
                            eos_id=1, pad_id=0, temperature=1.0, mesh=mesh)
@@ -176,8 +177,9 @@ class _LoopState:
     tokens: jax.Array  # int32[B, N]
     logprobs: jax.Array  # float32[B, N]
     done: jax.Array  # bool[B] EOS already sampled
-    # KV cache, one {'k', 'v': [B, KV, S, D]} per layer (S = P + N - 1); without a
-    # cache, the token buffer int32[B, P + N - 1] that the full forward re-reads each step.
+    # KV cache, one {'k', 'v': [B, KV, S, D]} per layer (S grows per segment up to
+    # P + N - 1); without a cache, the token buffer int32[B, P + N - 1] that the full
+    # forward re-reads each step.
     context: Any
 
 
