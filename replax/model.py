@@ -246,7 +246,9 @@ class Transformer(nn.Module):
         embedding = _param(
             self,
             "embedding",
-            nn.initializers.normal(stddev=1.0),
+            # d^-1/2: with a tied head, logits of a unit-RMS final state start at O(1)
+            # rather than O(sqrt(d)), so the initial policy is not already peaked.
+            nn.initializers.normal(stddev=cfg.d_model**-0.5),
             (cfg.vocab_size, cfg.d_model),
             ("vocab", "embed"),
             cfg,
