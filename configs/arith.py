@@ -1,18 +1,23 @@
 r"""RL with experience replay on the embedded arithmetic task (the default run).
 
-Policy: a ~1M-parameter byte-level Llama-style decoder, warm-started by SFT on worked
-answers until it solves 15-40% of held-out prompts. Task: procedurally generated
-multi-step integer arithmetic, exact-answer reward. Algorithm: GRPO-style group
-advantages frozen at generation, PPO-clip against the stored behaviour log-probs, Adam
-at a constant rate, no KL. Buffer: FIFO ring buffer, uniform sampling with replacement.
-Hardware: 2 CPU cores (runs the same on a TPU slice). Expected: about 10 minutes,
-held-out greedy accuracy up by more than 25 points over the warm start.
+Policy: a 0.8M-parameter byte-level Llama-style decoder (4 layers, d_model 128, GQA),
+warm-started by SFT on worked answers until it solves 15-40% of held-out prompts (it
+stops on measured accuracy; the base is cached). Task: 3-digit addition with carries
+("764+996=" -> "1760", answers of 3 or 4 digits), exact-answer reward; the generator in
+replax/tasks/arith.py also makes multi-term +, -, * problems (task.* keys). Algorithm:
+GRPO-style group advantages and behaviour log-probs frozen at generation, PPO-clip 0.2
+with dual clip 3 against the stored behaviour log-probs, Adam at a constant rate, no KL.
+Buffer: FIFO ring buffer, uniform sampling with replacement, zero-advantage groups not
+stored. Hardware: 2 CPU cores (the same code shards over a TPU slice). Expected: about
+5-10 minutes including compilation and warm start; held-out greedy accuracy up by more
+than 25 points over the warm start.
 
 Variants:
-  replay    (default) R = 4 x 8 fresh rollouts per step, batch B = 64, capacity N = 256
-  onpolicy  N = B = R = 64, the usual GRPO set-up
+  replay    (default) R = 4 x 8 fresh rollouts per step, batch B = 64, capacity N = 256,
+            lr 3e-5, 800 steps (25,600 generated rollouts)
+  onpolicy  N = B = R = 64 (each rollout used once), lr 1e-4, 400 steps (same rollouts)
 
-  python scripts/train.py --config=configs/arith.py:replay --workdir=/tmp/replax/arith
+  python scripts/train.py --config=configs/arith.py:replay --workdir=runs/arith
 """
 
 import ml_collections
@@ -29,7 +34,7 @@ def get_config(arg=None):
     # Seed of everything random: init, data order, sampling.
     c.seed = 0
     # RL steps (one optimizer step each).
-    c.total_steps = 400
+    c.total_steps = 800
 
     # The policy: a small Llama-style decoder over bytes.
     c.model = ml_collections.ConfigDict()
@@ -40,7 +45,7 @@ def get_config(arg=None):
     c.model.num_kv_heads = 2
     c.model.head_dim = 32
     c.model.mlp_dim = 512
-    c.model.max_len = 64
+    c.model.max_len = 32
     c.model.tie_embeddings = True
     c.model.qkv_bias = False
     c.model.qk_norm = False
@@ -87,7 +92,7 @@ def get_config(arg=None):
     c.warmstart.max_steps = 4000
     c.warmstart.batch_size = 64
     c.warmstart.learning_rate = 1e-3
-    c.warmstart.eval_every = 100
+    c.warmstart.eval_every = 25
     c.warmstart.eval_prompts = 256
     # Where the base checkpoint is cached; empty means WORKDIR/base. Runs that share a
     # seed and model can share one (scripts/compare.py does).
@@ -97,8 +102,8 @@ def get_config(arg=None):
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_step = 4
     c.rollout.group_size = 8
-    c.rollout.max_prompt_len = 16
-    c.rollout.max_new_tokens = 8
+    c.rollout.max_prompt_len = 10
+    c.rollout.max_new_tokens = 6
     c.rollout.temperature = 1.0
     c.rollout.top_k = 0
     c.rollout.top_p = 1.0
@@ -162,8 +167,11 @@ def get_config(arg=None):
     c.checkpoint_every = 100
 
     if variant == "onpolicy":
+        # Each fresh rollout is trained on exactly once: N = B = R, drawn as a permutation.
+        c.total_steps = 400
         c.rollout.prompts_per_step = 8
         c.replay.capacity = 64
+        c.replay.strategy = "uniform_no_replacement"
         c.optimizer.learning_rate = 1e-4
         c.replay.drop_zero_advantage = False
     return c

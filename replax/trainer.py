@@ -89,6 +89,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"rollout.max_prompt_len + rollout.max_new_tokens = {total_len} exceeds "
         f"model.max_len={config.model.max_len}",
     )
+    # Prompts and answers must fit: prompts are never truncated.
+    try:
+        difficulty = _arith_difficulty(config)
+    except ValueError as e:
+        raise cu.ConfigError(f"task: {str(e).splitlines()[0]}") from None
+    prompt_tokens = difficulty.max_prompt_chars() + 1  # + BOS
+    cu.require(
+        prompt_tokens <= config.rollout.max_prompt_len,
+        f"rollout.max_prompt_len={config.rollout.max_prompt_len} is shorter than the task's "
+        f"longest prompt ({prompt_tokens} tokens with BOS)",
+    )
+    answer_tokens = _max_answer_chars(difficulty) + 1  # + EOS
+    cu.require(
+        answer_tokens <= config.rollout.max_new_tokens,
+        f"rollout.max_new_tokens={config.rollout.max_new_tokens} is shorter than the task's "
+        f"longest answer ({answer_tokens} tokens with EOS)",
+    )
     # Library-level validation, re-raised as one-line config errors.
     try:
         model_config(config)
@@ -146,6 +163,15 @@ def optimizer_config(config) -> train_step_lib.OptimizerConfig:
         b1=c.b1,
         b2=c.b2,
     )
+
+
+def _max_answer_chars(d: arith.ArithDifficulty) -> int:
+    """An upper bound on the length of an answer of this difficulty."""
+    largest = 10**d.max_digits - 1
+    if "*" in d.ops:
+        largest = max(largest, d.max_mul_operand) * d.max_mul_operand ** (d.max_terms - 1)
+    bound = d.max_terms * largest
+    return len(str(bound)) + ("-" in d.ops)
 
 
 def _arith_difficulty(config) -> arith.ArithDifficulty:
