@@ -1,6 +1,6 @@
 r"""RL with experience replay on the embedded arithmetic task (the default run).
 
-Policy: a 0.8M-parameter byte-level Llama-style decoder (4 layers, d_model 128, GQA),
+Policy: a 1.0M-parameter byte-level Llama-style decoder (4 layers, d_model 128, GQA),
 warm-started by SFT on worked answers until it solves 15-40% of held-out prompts (it
 stops on measured accuracy; the base is cached). Task: 3-digit addition with carries
 ("764+996=" -> "1760", answers of 3 or 4 digits), exact-answer reward; the generator in
