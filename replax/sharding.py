@@ -183,11 +183,26 @@ def activation_rules(mesh: Mesh, rules):
 
 
 def shard_batch(batch, mesh: Mesh, rules, axes=("batch",)):
-    """Places a host batch (pytree of arrays with leading batch dim) on the mesh."""
+    """Places a host batch (pytree of arrays with leading batch dim) on the mesh.
+
+    On several hosts each process passes its own slice of the global batch
+    (jax.make_array_from_process_local_data assembles the global array).
+    """
 
     def put(x):
-        x = np.asarray(x) if not isinstance(x, jax.Array) else x
-        spec = logical_to_spec(tuple(axes) + (None,) * (x.ndim - len(axes)), rules)
-        return jax.device_put(x, NamedSharding(mesh, spec))
+        if isinstance(x, jax.Array) and jax.process_count() == 1:
+            return jax.device_put(
+                x,
+                NamedSharding(
+                    mesh, logical_to_spec(tuple(axes) + (None,) * (x.ndim - len(axes)), rules)
+                ),
+            )
+        x = np.asarray(x)
+        sharding = NamedSharding(
+            mesh, logical_to_spec(tuple(axes) + (None,) * (x.ndim - len(axes)), rules)
+        )
+        if jax.process_count() > 1:
+            return jax.make_array_from_process_local_data(sharding, x)
+        return jax.device_put(x, sharding)
 
     return jax.tree_util.tree_map(put, batch)
