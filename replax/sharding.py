@@ -190,19 +190,10 @@ def shard_batch(batch, mesh: Mesh, rules, axes=("batch",)):
     """
 
     def put(x):
-        if isinstance(x, jax.Array) and jax.process_count() == 1:
-            return jax.device_put(
-                x,
-                NamedSharding(
-                    mesh, logical_to_spec(tuple(axes) + (None,) * (x.ndim - len(axes)), rules)
-                ),
-            )
-        x = np.asarray(x)
-        sharding = NamedSharding(
-            mesh, logical_to_spec(tuple(axes) + (None,) * (x.ndim - len(axes)), rules)
-        )
+        spec = logical_to_spec(tuple(axes) + (None,) * (np.ndim(x) - len(axes)), rules)
+        sharding = NamedSharding(mesh, spec)
         if jax.process_count() > 1:
-            return jax.make_array_from_process_local_data(sharding, x)
+            return jax.make_array_from_process_local_data(sharding, np.asarray(x))
         return jax.device_put(x, sharding)
 
     return jax.tree_util.tree_map(put, batch)
