@@ -130,3 +130,18 @@ def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, override,
     assert len(lines) == 1, lines
     assert key in lines[0]
     assert not workdir.exists()
+
+
+def test_evaluate_script_reproduces_final_accuracy(full_run):
+    workdir, _ = full_run
+    cmd = [
+        sys.executable,
+        "scripts/evaluate.py",
+        f"--workdir={workdir}",
+        *[m for m in MICRO if "eval.every" not in m],
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["step"] == 6
+    assert result["eval_accuracy"] == read(workdir)[-1]["eval_accuracy"]
