@@ -23,7 +23,7 @@ setuptools.setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.6", "nbformat>=5", "nbclient>=0.10", "ipykernel>=6"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.6", "nbformat>=5", "nbclient>=0.10", "ipykernel>=6", "tokenizers>=0.15"],
         "bench": ["flashbax>=0.1.3"],
         "hf": ["safetensors>=0.4", "tokenizers>=0.15"],
     },
