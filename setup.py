@@ -1,4 +1,4 @@
-"""replax: reinforcement-learning post-training of language models with experience replay, in JAX."""
+"""replax: RL post-training of language models with experience replay, in JAX."""
 
 import setuptools
 
@@ -23,7 +23,15 @@ setuptools.setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.6", "nbformat>=5", "nbclient>=0.10", "ipykernel>=6", "tokenizers>=0.15"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3",
+            "ruff>=0.6",
+            "nbformat>=5",
+            "nbclient>=0.10",
+            "ipykernel>=6",
+            "tokenizers>=0.15",
+        ],
         "bench": ["flashbax>=0.1.3"],
         "hf": ["safetensors>=0.4", "tokenizers>=0.15"],
     },
