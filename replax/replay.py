@@ -21,10 +21,16 @@ or already drawn `max_reuse` times are ineligible, and `positive_bias` narrows t
 further. If nothing in a pool is eligible the pool falls back to all its valid items
 (keeping the strategy's weights); a pool with no valid item at all draws uniformly over
 its zero-filled slots, so add before sampling.
+
+Cost. `add` writes its rows in place (donate the state). A pool's written slots are always
+its first `count` (slots fill in order from 0 and are never emptied), so `uniform` draws
+with no age or reuse limit take O(B) work whatever the capacity; the other strategies
+make one pass over the pool and invert its CDF in two levels (O(N + B sqrt(N))).
 """
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,20 +82,40 @@ def _merge(tree):
     return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
 
 
+def _per_pool(fn, num_pools: int):
+    """fn over the leading pool axis of its arguments: vmapped, or with one pool called on
+    it directly (plain gathers and scatters; vmap adds a batch dimension to their indices
+    and a relayout copy of their operands, which costs more than the write itself)."""
+    if num_pools > 1:
+        return jax.vmap(fn)
+
+    def single(*args):
+        out = fn(*jax.tree.map(lambda x: x[0], args))
+        return jax.tree.map(lambda x: jnp.expand_dims(x, 0), out)
+
+    return single
+
+
 def _write_shard(slots, head, rows, keep):
     """Writes the kept rows of one shard's chunk at its head, oldest slot first.
 
-    slots: pytree of [n, ...]; head: int32[]; rows: pytree of [r, ...]; keep: bool[r].
+    slots: pytree of [n, ...]; head: int32[]; rows: pytree of [r, ...]; keep: bool[r], or
+    None when every row is kept (static: no rank computation, a plain ring write).
     """
     n = jax.tree.leaves(slots)[0].shape[0]
-    position = jnp.cumsum(keep, dtype=jnp.int32) - 1  # int32[r] rank among the kept rows
-    num_kept = position[-1] + 1
-    # With more kept rows than slots only the last n would survive; dropping the others
-    # keeps the scatter's destinations distinct (duplicate destinations have no order).
-    write = keep & (position >= num_kept - n)
+    r = jax.tree.leaves(rows)[0].shape[0]
+    if keep is None:
+        position, num_kept = jnp.arange(r, dtype=jnp.int32), r
+        write = position >= r - n
+    else:
+        position = jnp.cumsum(keep, dtype=jnp.int32) - 1  # int32[r] rank among the kept rows
+        num_kept = position[-1] + 1
+        # With more kept rows than slots only the last n would survive; dropping the others
+        # keeps the scatter's destinations distinct (duplicate destinations have no order).
+        write = keep & (position >= num_kept - n)
     destination = jnp.where(write, (head + position) % n, n)  # n is out of range: dropped
     slots = jax.tree.map(lambda s, x: s.at[destination].set(x, mode="drop"), slots, rows)
-    return slots, (head + num_kept) % n, num_kept
+    return slots, (head + num_kept) % n, jnp.asarray(num_kept, jnp.int32)
 
 
 def _positive_bias_eligible(keep_size: int, delta: float, valid, serial, correct):
@@ -104,6 +130,66 @@ def _positive_bias_eligible(keep_size: int, delta: float, valid, serial, correct
     return jnp.zeros_like(valid).at[order].set(fresh | kept_correct)
 
 
+def _random_bits(key, shape):
+    """uint32 random bits from a PRNG key, by XLA's Philox generator keyed with the key's
+    data: one small fused computation, where jax.random.bits of a threefry key is a rolled
+    loop whose per-round dispatch dominates a small draw on CPU."""
+    words = jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
+    state = jnp.zeros(4, jnp.uint32).at[: min(words.shape[0], 4)].set(words[:4])
+    _, bits = jax.lax.rng_bit_generator(
+        state, shape, jnp.uint32, algorithm=jax.lax.RandomAlgorithm.RNG_PHILOX
+    )
+    return bits
+
+
+def _below(bits, bound):
+    """Integers in [0, bound) from uint32 random bits: floor(bits * bound / 2^32), the high
+    word of the 64-bit product assembled from 16-bit halves (no 64-bit integers without
+    x64). Each value has probability within bound / 2^32 (relative) of 1 / bound.
+
+    bits: uint32[...]; bound: int32 >= 1, broadcastable to bits.
+    """
+    bound = jnp.asarray(bound).astype(jnp.uint32)
+    low = jnp.uint32(0xFFFF)
+    bits_hi, bits_lo = bits >> 16, bits & low
+    bound_hi, bound_lo = bound >> 16, bound & low
+    middle = bits_hi * bound_lo + ((bits_lo * bound_lo) >> 16)  # < 2^32
+    middle2 = bits_lo * bound_hi + (middle & low)  # < 2^32
+    high = bits_hi * bound_hi + (middle >> 16) + (middle2 >> 16)
+    return high.astype(jnp.int32)
+
+
+def _pick(uniform, weights):
+    """Per row, the first index whose cumulative weight exceeds uniform x the row's total,
+    never an index of zero weight. uniform: float32[...]; weights: float32[..., k] >= 0
+    with a positive total. Returns int32[...]."""
+    k = weights.shape[-1]
+    cdf = jnp.cumsum(weights, axis=-1)
+    target = uniform * cdf[..., -1]
+    index = jnp.sum(cdf <= target[..., None], axis=-1, dtype=jnp.int32)
+    # u x total can round up to the total; the last positive weight is then the answer.
+    last_positive = jnp.max(jnp.where(weights > 0, jnp.arange(k, dtype=jnp.int32), 0), axis=-1)
+    return jnp.minimum(index, last_positive)
+
+
+def _inverse_cdf(uniform, probs):
+    """Draws with replacement from unnormalised probabilities by inverting their CDF in two
+    levels: a block of about sqrt(n) slots by the blocks' totals, then a slot of the block.
+
+    uniform: float32[2, b] in [0, 1); probs: float32[n] >= 0 (zero: never drawn). O(n + b
+    sqrt(n)) work, where a Gumbel-max draw (jax.random.categorical) costs b x n random
+    numbers; each level sums only ~sqrt(n) terms, so float32 rounding moves a slot's
+    probability by ~sqrt(n) 2^-24 at most, relative. Returns int32[b].
+    """
+    n = probs.shape[0]
+    width = math.isqrt(n - 1) + 1
+    num_blocks = -(-n // width)
+    blocks = jnp.pad(probs, (0, num_blocks * width - n)).reshape(num_blocks, width)
+    block = _pick(uniform[0], jnp.sum(blocks, axis=1))  # [b]
+    within = _pick(uniform[1], blocks[block])  # [b]
+    return block * width + within
+
+
 def _draw_from_pool(key, log_weight, eligible, valid, *, batch_size: int, replace: bool):
     """Draws batch_size slots of one pool.
 
@@ -115,20 +201,39 @@ def _draw_from_pool(key, log_weight, eligible, valid, *, batch_size: int, replac
     logits = jnp.where(drawable, log_weight, -jnp.inf)
     log_probs = jax.nn.log_softmax(logits)  # [n], -inf off the drawable set
     num_drawable = drawable.sum()
-    if replace:
-        indices = jax.random.categorical(key, logits, shape=(batch_size,))
-    else:
+    key_draw, key_order = jax.random.split(key)
+    indices = _inverse_cdf(jax.random.uniform(key_draw, (2, batch_size)), jnp.exp(log_probs))
+    if not replace:
         # Gumbel-top-k samples without replacement. With fewer drawable slots than the
         # batch, every drawable slot is taken once (in random order) and the remaining rows
-        # are filled by draws with replacement.
-        key_order, key_fill = jax.random.split(key)
+        # are the draws with replacement.
         perturbed = logits + jax.random.gumbel(key_order, logits.shape)
         _, order = jax.lax.top_k(perturbed, batch_size)
-        fill = jax.random.categorical(key_fill, logits, shape=(batch_size,))
-        indices = jnp.where(jnp.arange(batch_size) < num_drawable, order, fill)
+        indices = jnp.where(jnp.arange(batch_size) < num_drawable, order, indices)
     indices = indices.astype(jnp.int32)
     min_log_prob = jnp.min(jnp.where(drawable, log_probs, jnp.inf))
     return indices, log_probs[indices], num_drawable, min_log_prob
+
+
+def _count_draws(times_sampled, indices, drawn_times):
+    """times_sampled (int32[n]) + the number of times each slot occurs in indices (int32[b]);
+    drawn_times = times_sampled[indices]. Every occurrence of a slot writes the same total, a
+    plain in-place scatter (a scatter-add next to the gather of the same buffer makes XLA
+    copy the whole buffer first)."""
+    occurrences = jnp.sum(indices[:, None] == indices[None, :], axis=1, dtype=jnp.int32)  # [b]
+    return times_sampled.at[indices].set(drawn_times + occurrences)
+
+
+def _draw_written(bits, count, *, pool_size: int):
+    """Uniform draws over one pool's written slots, which are always its first `count`: add
+    fills a pool's slots in order from slot 0 and never empties one. O(b), independent of
+    the pool size. An empty pool draws over all its slots, as `_draw_from_pool` does.
+
+    bits: uint32[b]; count: int32[]. Returns local indices int32[b] and their probability
+    float32[] of one draw.
+    """
+    size = jnp.where(count > 0, count, pool_size)
+    return _below(bits, size), 1.0 / size.astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +295,7 @@ class ReplayBuffer:
         S = self.num_shards
         if num_rows % S:
             raise ValueError(f"add: {num_rows} items do not split over num_shards={S}")
-        if keep is None:
-            keep = jnp.ones(num_rows, bool)
-        elif jnp.shape(keep) != (num_rows,):
+        if keep is not None and jnp.shape(keep) != (num_rows,):
             raise ValueError(f"add: keep has shape {jnp.shape(keep)}, expected ({num_rows},)")
         step = jnp.asarray(step, jnp.int32)
         slots = (state.items, state.insert_step, state.times_sampled, state.valid, state.serial)
@@ -203,8 +306,10 @@ class ReplayBuffer:
             jnp.ones(num_rows, bool),
             state.num_offered + jnp.arange(num_rows, dtype=jnp.int32),
         )
-        slots, head, num_kept = jax.vmap(_write_shard)(
-            _split(slots, S), state.head, _split(rows, S), keep.astype(bool).reshape(S, -1)
+        if keep is not None:
+            keep = keep.astype(bool).reshape(S, -1)
+        slots, head, num_kept = _per_pool(_write_shard, S)(
+            _split(slots, S), state.head, _split(rows, S), keep
         )
         items, insert_step, times_sampled, valid, serial = _merge(slots)
         return ReplayState(
@@ -260,20 +365,36 @@ class ReplayBuffer:
             log_weight = jnp.log(advantage**self.priority_alpha + self.priority_eps)
 
         # Draw B / P per pool, gather and count the draws within each pool.
-        draw = functools.partial(
-            _draw_from_pool,
-            batch_size=per_pool,
-            replace=self.strategy != "uniform_no_replacement",
+        every_written_slot = self.strategy == "uniform" and max_age is None
+        if every_written_slot and self.max_reuse is None and num_pools == self.num_shards:
+            # Each pool is a shard whose written slots all are drawable: no [N]-sized work.
+            bits = _random_bits(rng, (num_pools, per_pool))
+            written = functools.partial(_draw_written, pool_size=pool_size)
+            local_index, prob = _per_pool(written, num_pools)(bits, state.count)
+            probs = jnp.broadcast_to(prob[:, None], local_index.shape)
+        else:
+            draw = functools.partial(
+                _draw_from_pool,
+                batch_size=per_pool,
+                replace=self.strategy != "uniform_no_replacement",
+            )
+            keys = jax.random.split(rng, num_pools)
+            pooled = _split((log_weight, eligible, state.valid), num_pools)
+            local_index, log_prob, num_drawable, min_log_prob = _per_pool(draw, num_pools)(
+                keys, *pooled
+            )
+            probs = jnp.exp(log_prob)
+        gather = lambda tree, index: jax.tree.map(lambda x: x[index], tree)
+        batch, drawn_insert_step, drawn_times = _merge(
+            _per_pool(gather, num_pools)(
+                _split((state.items, state.insert_step, state.times_sampled), num_pools),
+                local_index,
+            )
         )
-        keys = jax.random.split(rng, num_pools)
-        pooled = _split((log_weight, eligible, state.valid), num_pools)
-        local_index, log_prob, num_drawable, min_log_prob = jax.vmap(draw)(keys, *pooled)
-        gather = jax.vmap(lambda tree, index: jax.tree.map(lambda x: x[index], tree))
-        batch, drawn_age, drawn_times = _merge(
-            gather(_split((state.items, age, state.times_sampled), num_pools), local_index)
-        )
-        times_sampled = jax.vmap(lambda t, i: t.at[i].add(1))(
-            _split(state.times_sampled, num_pools), local_index
+        times_sampled = _per_pool(_count_draws, num_pools)(
+            _split(state.times_sampled, num_pools),
+            local_index,
+            drawn_times.reshape(local_index.shape),
         )
 
         # Priority: w = (m p)^-beta with m the drawable items of the pool, normalised by
@@ -288,9 +409,9 @@ class ReplayBuffer:
         pool_start = jnp.arange(num_pools, dtype=jnp.int32)[:, None] * pool_size
         info = SampleInfo(
             indices=(pool_start + local_index).reshape(-1),
-            probs=jnp.exp(log_prob).reshape(-1),
+            probs=probs.reshape(-1),
             importance_weights=importance_weights,
-            age=drawn_age,
+            age=step - drawn_insert_step,
             times_sampled=drawn_times,
         )
         return state.replace(times_sampled=times_sampled.reshape(-1)), batch, info

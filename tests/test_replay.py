@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from replax import replay
 from replax.replay import make_replay_buffer
 
 EXAMPLE_ITEM = {
@@ -297,6 +298,55 @@ def test_global_mode_draws_across_shards():
     expected = np.zeros(16)
     expected[[0, 1, 4, 5, 8, 9, 12, 13]] = 1 / 8
     assert total_variation(indices, expected) < 0.04
+
+
+# ---------------------------------------------------------------- draws: numerics and cost
+
+
+def test_below_is_the_high_word_of_the_64_bit_product():
+    bits = np.random.default_rng(0).integers(0, 2**32, 10_000, dtype=np.uint64)
+    for bound in (1, 5, 4096, 65_535, 65_536, 65_537, 2**31 - 1):
+        want = (bits * np.uint64(bound)) >> np.uint64(32)
+        got = replay._below(jnp.asarray(bits.astype(np.uint32)), jnp.int32(bound))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_inverse_cdf_matches_the_probabilities_and_skips_zero_weights():
+    # 1000 slots (not a square: the last block is padded), every third one of weight zero.
+    probs = np.where(np.arange(1000) % 3 == 0, 0.0, 1.0 + np.arange(1000) % 7)
+    uniform = jax.random.uniform(jax.random.key(0), (2, 400_000))
+    indices = np.asarray(jax.jit(replay._inverse_cdf)(uniform, jnp.asarray(probs, jnp.float32)))
+    assert not np.isin(indices, np.flatnonzero(probs == 0)).any()
+    assert total_variation(indices, probs / probs.sum()) < 0.03
+    # u x total rounding up to the total still lands on the last slot of positive weight.
+    edge = jnp.full((2, 1), 1 - 2.0**-24)
+    assert int(replay._inverse_cdf(edge, jnp.asarray(probs, jnp.float32))[0]) == 998
+
+
+def entry_ops_over_slots(hlo: str, capacity: int) -> list[str]:
+    """Ops of the compiled entry computation that produce a [capacity, ...] array, other
+    than parameters, bitcasts and the output tuple."""
+    ops = []
+    for line in hlo[hlo.index("ENTRY") :].splitlines()[1:]:
+        name, _, rest = line.partition("=")
+        result_shape = rest.split("(")[0]  # e.g. " f32[16384]{0} fusion"
+        skip = any(op in rest for op in ("parameter(", "bitcast(", "tuple("))
+        if f"[{capacity}" in result_shape and not skip:
+            ops.append(name.strip())
+    return ops
+
+
+def test_uniform_add_and_sample_work_in_place_and_independently_of_capacity():
+    capacity = 1 << 14
+    buffer = make_replay_buffer(capacity=capacity)
+    state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items(range(100)), 0)
+    add = jax.jit(buffer.add, donate_argnums=0).lower(state, make_items(range(8)), 1)
+    sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
+    sample = sample.lower(state, jax.random.key(0), 8, 1)
+    for compiled in (add.compile().as_text(), sample.compile().as_text()):
+        # Only the in-place row writes touch [capacity] arrays: no copy, no full pass.
+        ops = entry_ops_over_slots(compiled, capacity)
+        assert ops and all("scatter" in op for op in ops), ops
 
 
 # ---------------------------------------------------------------- errors and compilation
