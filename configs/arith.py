@@ -1,7 +1,7 @@
 r"""RL with experience replay on the embedded arithmetic task (the default run).
 
 Policy: a 1.0M-parameter byte-level Llama-style decoder (4 layers, d_model 128, GQA),
-warm-started by SFT on worked answers until it solves 15-40% of held-out prompts (it
+warm-started by SFT on worked answers until it solves 30-40% of held-out prompts (it
 stops on measured accuracy; the base is cached). Task: 3-digit addition with carries
 ("764+996=" -> "1760", answers of 3 or 4 digits), exact-answer reward; the generator in
 replax/tasks/arith.py also makes multi-term +, -, * problems (task.* keys). Algorithm:
@@ -84,10 +84,12 @@ def get_config(arg=None):
     # Directory of TFDS-built data; empty means WORKDIR/data.
     c.task.data_dir = ""
 
-    # Warm start: SFT on worked answers until held-out accuracy is in [min, max].
+    # Warm start: SFT on worked answers until held-out accuracy is in [min, max]. From a
+    # 30% base, RL's groups mostly carry signal; measured from an 18% base, replay and
+    # on-policy both gained about 20 points in the same budget (README).
     c.warmstart = ml_collections.ConfigDict()
     c.warmstart.enabled = True
-    c.warmstart.min_accuracy = 0.15
+    c.warmstart.min_accuracy = 0.30
     c.warmstart.max_accuracy = 0.40
     c.warmstart.max_steps = 4000
     c.warmstart.batch_size = 64
