@@ -15,6 +15,7 @@ axes through a rule table, so sharding is configuration, not code.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -89,6 +90,21 @@ def _param(module: nn.Module, name: str, init, shape, axes, config: ModelConfig)
     )
 
 
+def dense(x, w, in_dims: int = 1):
+    """x [..., *in] times w [*in, *out] (the last in_dims axes of x contracted with the
+    first in_dims of w) as one 2-D matmul [rows, in] @ [in, out], reshaped back.
+
+    The same contraction written over [B, T, ...] activations makes XLA:CPU transpose the
+    activations for the weight gradient, fused with the elementwise ops that produce them
+    (strided, several times the matmul's own cost); 2-D matmuls keep every operand of the
+    forward and backward pass in its row-major layout.
+    """
+    lead, contracted = x.shape[: x.ndim - in_dims], x.shape[x.ndim - in_dims :]
+    k = math.prod(contracted)
+    y = x.reshape(-1, k) @ w.reshape(k, -1)
+    return y.reshape(*lead, *w.shape[in_dims:])
+
+
 def constrain(x, axes):
     """Activation sharding by logical axis names; a no-op outside a rules context."""
     return nn.with_logical_constraint(x, axes)
@@ -145,9 +161,9 @@ class Attention(nn.Module):
             cfg,
         )
         dt = cfg.jnp_dtype
-        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt))
-        k = jnp.einsum("bte,ehd->bthd", x, wk.astype(dt))
-        v = jnp.einsum("bte,ehd->bthd", x, wv.astype(dt))
+        q = dense(x, wq.astype(dt))  # [B, T, H, D]
+        k = dense(x, wk.astype(dt))  # [B, T, KV, D]
+        v = dense(x, wv.astype(dt))
         if cfg.qkv_bias:
             zeros = nn.initializers.zeros
             q = q + _param(self, "q_bias", zeros, (h, d), ("heads", "head_dim"), cfg).astype(dt)
@@ -185,7 +201,7 @@ class Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # [B, KV, G, T, S]
         out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)  # [B, KV, G, T, D]
         out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d)
-        out = jnp.einsum("bthd,hde->bte", out, wo.astype(dt))
+        out = dense(out, wo.astype(dt), in_dims=2)  # [B, T, E]
         return out, new_cache
 
 
@@ -209,9 +225,9 @@ class MLP(nn.Module):
             cfg,
         )
         dt = cfg.jnp_dtype
-        hidden = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))
+        hidden = jax.nn.silu(dense(x, gate.astype(dt))) * dense(x, up.astype(dt))
         hidden = constrain(hidden, ("batch", "length", "mlp"))
-        return hidden @ down.astype(dt)
+        return dense(hidden, down.astype(dt))
 
 
 class Block(nn.Module):
@@ -275,7 +291,7 @@ class Transformer(nn.Module):
             new_cache.append(layer_cache)
         x = RMSNorm(cfg, name="final_norm")(x)
         if cfg.tie_embeddings:
-            logits = jnp.einsum("bte,ve->btv", x, embedding.astype(cfg.jnp_dtype))
+            logits = dense(x, embedding.astype(cfg.jnp_dtype).T)
         else:
             head = _param(
                 self,
@@ -285,7 +301,7 @@ class Transformer(nn.Module):
                 ("embed", "vocab"),
                 cfg,
             )
-            logits = x @ head.astype(cfg.jnp_dtype)
+            logits = dense(x, head.astype(cfg.jnp_dtype))
         logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
         if cache is None:
             return logits
@@ -313,6 +329,14 @@ CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")
 def positions_from_mask(mask):
     """Positions for a left-padded batch: 0 at each row's first valid token. mask: [B, T]."""
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def token_logprobs_and_entropy(logits, tokens):
+    """token_logprobs and token_entropy from one log-softmax over [B, T - 1, V]."""
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return jnp.pad(picked, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
 
 
 def token_logprobs(logits, tokens):

@@ -176,7 +176,7 @@ def make_train_step(
         tokens, attn = batch["tokens"], batch["attention_mask"]
         positions = model_lib.positions_from_mask(attn)
         logits = model.apply({"params": params}, tokens, positions, attn) * scale  # [B, L, V]
-        return model_lib.token_logprobs(logits, tokens), model_lib.token_entropy(logits)
+        return model_lib.token_logprobs_and_entropy(logits, tokens)
 
     def loss_fn(params, reference_params, batch):
         logprobs, entropy = logprobs_and_entropy(params, batch)
