@@ -1,0 +1,168 @@
+"""Tests for replax/train_step.py: one compilation, the 8-device mesh (data x fsdp x tensor
+= 2 x 2 x 2, parameters sharded) against one device, exact on-policy ratios, and a step
+that moves the parameters and consumes (donates) the old state."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from replax import model as model_lib
+from replax import objectives, sharding
+from replax import train_step as train_step_lib
+
+# Tiny policy; heads, kv heads, MLP, vocabulary and d_model all split over 2 devices.
+CONFIG = model_lib.ModelConfig(
+    vocab_size=32,
+    num_layers=2,
+    d_model=16,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    max_len=12,
+)
+# 8 rows split over the 4 data-parallel shards.
+BATCH, LENGTH, PROMPT = 8, 12, 4
+# Recorded by jax once per XLA compilation (jax._src.dispatch.BACKEND_COMPILE_EVENT).
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+MODEL = model_lib.Transformer(CONFIG)
+RULES = sharding.validate_rules(sharding.DEFAULT_RULES)
+OPTIMIZER = train_step_lib.make_optimizer(
+    train_step_lib.OptimizerConfig(learning_rate=1e-2, grad_clip=1.0)
+)
+
+
+def make_batch(seed: int) -> dict[str, np.ndarray]:
+    """Rollouts as the trainer stores them: prompts of 2-4 tokens left-padded to 4,
+    completions of 3-8 tokens padded after their end, behaviour log-probs a guess. Host
+    arrays only, so that feeding a batch compiles nothing."""
+    rng = np.random.default_rng(seed)
+    prompt_len = rng.integers(2, PROMPT + 1, BATCH)
+    completion_len = rng.integers(3, LENGTH - PROMPT + 1, BATCH)
+    column = np.arange(LENGTH)[None, :]
+    prompt = (column < PROMPT) & (column >= PROMPT - prompt_len[:, None])
+    completion = (column >= PROMPT) & (column < PROMPT + completion_len[:, None])
+    mask = prompt | completion
+    behaviour = -rng.uniform(2.0, 4.0, (BATCH, LENGTH))
+    return {
+        "tokens": np.where(mask, rng.integers(1, CONFIG.vocab_size, (BATCH, LENGTH)), 0).astype(
+            np.int32
+        ),
+        "attention_mask": mask,
+        "loss_mask": completion.astype(np.float32),
+        "behaviour_logprobs": (behaviour * completion).astype(np.float32),
+        "advantage": rng.normal(size=BATCH).astype(np.float32),
+        "reward": rng.integers(0, 2, BATCH).astype(np.float32),
+        "baseline": np.full(BATCH, 0.5, np.float32),
+        "importance_weights": np.ones(BATCH, np.float32),
+        "age": rng.integers(0, 4, BATCH).astype(np.int32),
+        "times_sampled": rng.integers(0, 3, BATCH).astype(np.int32),
+    }
+
+
+def current_logprobs(params, batch, temperature=1.0):
+    """The policy's own log-probs of the batch's tokens at the sampling temperature."""
+    positions = model_lib.positions_from_mask(batch["attention_mask"])
+    logits = MODEL.apply({"params": params}, batch["tokens"], positions, batch["attention_mask"])
+    return np.asarray(model_lib.token_logprobs(logits / temperature, batch["tokens"]))
+
+
+def build(mesh_shape, devices=None, params=None, temperature=1.0):
+    """(state, step) on a mesh of the given shape; params: place these instead of init."""
+    mesh = sharding.make_mesh(mesh_shape, devices)
+    state, state_shardings = train_step_lib.init_train_state(
+        MODEL, OPTIMIZER, jax.random.key(0), mesh, RULES, params=params
+    )
+    batch_sharding = train_step_lib.batch_shardings(mesh, RULES, make_batch(0))
+    step = train_step_lib.make_train_step(
+        MODEL,
+        OPTIMIZER,
+        objectives.LossConfig(name="ppo"),
+        mesh,
+        RULES,
+        state_shardings,
+        batch_sharding,
+        temperature=temperature,
+    )
+    return state, step
+
+
+@pytest.fixture(scope="module")
+def initial_params():
+    state, _ = build((1, 1, 1), jax.devices()[:1])
+    return jax.device_get(state.params)
+
+
+def test_the_step_compiles_once_over_several_calls():
+    state, step = build((2, 2, 2))
+    batches = [make_batch(seed) for seed in range(4)]
+    state, _ = step(state, batches[0])
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == BACKEND_COMPILE_EVENT:
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for batch in batches[1:]:
+            state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    assert step.jitted._cache_size() == 1
+    assert int(state.step) == 4
+
+
+def test_the_8_device_mesh_shards_parameters_and_matches_one_device(initial_params):
+    one, step_one = build((1, 1, 1), jax.devices()[:1], params=initial_params)
+    eight, step_eight = build((2, 2, 2), params=initial_params)
+    assert len(jax.devices()) == 8
+    gate = eight.params["layer_0"]["mlp"]["gate"]  # [embed, mlp] over (fsdp, tensor)
+    assert gate.sharding.spec == P("fsdp", "tensor")
+    assert gate.addressable_shards[0].data.shape == (CONFIG.d_model // 2, CONFIG.mlp_dim // 2)
+    moment = eight.opt_state[1][0].mu["layer_0"]["mlp"]["gate"]  # adam's first moment
+    assert moment.sharding.is_equivalent_to(gate.sharding, 2)
+    for seed in range(3):
+        batch = make_batch(seed)
+        one, metrics_one = step_one(one, batch)
+        eight, metrics_eight = step_eight(eight, batch)
+        assert metrics_one.keys() == metrics_eight.keys()
+        for key in metrics_one:
+            np.testing.assert_allclose(
+                metrics_eight[key], metrics_one[key], rtol=2e-5, atol=1e-6, err_msg=key
+            )
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        jax.device_get(eight.params),
+        jax.device_get(one.params),
+    )
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_on_policy_batch_has_unit_ratios_and_nothing_clipped(initial_params, temperature):
+    state, step = build((2, 2, 2), params=initial_params, temperature=temperature)
+    batch = make_batch(1)
+    behaviour = current_logprobs(initial_params, batch, temperature) * batch["loss_mask"]
+    batch["behaviour_logprobs"] = behaviour.astype(np.float32)
+    _, metrics = step(state, batch)
+    assert float(metrics["is_ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(metrics["is_ratio_max"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(metrics["is_ess"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(metrics["clip_frac"]) == 0.0
+
+
+def test_a_step_moves_the_parameters_and_consumes_the_old_state(initial_params):
+    state, step = build((2, 2, 2), params=initial_params)
+    old_embedding = state.params["embedding"]
+    new_state, metrics = step(state, make_batch(2))
+    assert old_embedding.is_deleted()  # donated: updated in place
+    assert int(new_state.step) == 1
+    assert float(metrics["grad_norm"]) > 0
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    changed = jax.tree.map(
+        lambda new, old: not np.allclose(new, old), jax.device_get(new_state.params), initial_params
+    )
+    assert all(jax.tree.leaves(changed)), changed
