@@ -9,8 +9,9 @@ load average is recorded next to the numbers.
 
 Groups:
   machine  machine_matmul_gflops (jitted fp32 2048x2048 matmul), machine_read_gbs (sum of
-           a 256 MiB fp32 array): medians over this group's runs and those the sampler
-           group interleaves with its own (so the roofline sees the same load).
+           a 256 MiB fp32 array), machine_matmul_gflops_per_cpu_s (the matmul's FLOPs per
+           CPU-second of this process): medians over this group's runs and those the
+           sampler and train groups interleave with their own (each sees the same load).
   sampler  sampler_tokens_per_s_b{8,64} (KV cache) and sampler_nocache_tokens_per_s_b{8,64}
            (full forward over the whole buffer for every new token, also one jitted loop),
            timed back to back; sampler_roofline_fraction_b{8,64} = achieved tokens/s over
@@ -21,6 +22,22 @@ Groups:
            the fraction is the median over runs of (roofline time at the probes' mean /
            run time), so that a load change between the probes and the runs does not skew
            it; sampler_roofline_tokens_per_s_b* uses the median machine numbers.
+  replay   replay_add_us, replay_sample_us (N = 4096 slots) and the `_64k` keys (N = 65536):
+           median microseconds of one jitted, blocking call (state donated) that adds 64 /
+           samples 64 LLM-shaped items (tokens int32[160], behaviour log-probs and loss mask
+           f32[160], reward, advantage f32, policy version int32), uniform strategy, one
+           shard, buffer filled past capacity. With flashbax installed, its item buffer
+           (make_item_buffer, add donated) on the same items is timed interleaved with ours:
+           flashbax_add_us, flashbax_sample_us (+ `_64k`) and replay_vs_flashbax_speedup[_64k]
+           = (flashbax add + sample) / (ours add + sample).
+  train    train_step_s, train_tokens_per_s, train_mfu: the replax train step (PPO loss,
+           AdamW, global-norm clipping, state donated) on one device, batch 64 x 160 tokens
+           (16 prompt, left-padded, + 144 completion, padded after EOS), the reference model
+           with max_len 160. MFU = model.train_flops(config, 64, 160) / step time / machine
+           matmul FLOP/s, each step paired with the machine probes around it (as the
+           sampler's roofline); train_cpu_s is the median process CPU seconds per step and
+           train_mfu_cpu the same ratio per CPU-second of this process (step FLOPs / its CPU
+           seconds over the matmul's FLOPs per CPU-second), which other load barely moves.
 Reference model (design.md): vocab 512, 4 layers, d_model 256, 4 heads, 2 kv heads,
 head_dim 64, MLP 1024, fp32; prompt 16 tokens, 64 new tokens.
 """
@@ -89,11 +106,15 @@ def _machine_probe():
     jax.block_until_ready((matmul(a), read(big)))
 
     def probe():
-        """Returns (matmul GFLOP/s, read GB/s) and records them."""
+        """Returns (matmul GFLOP/s, read GB/s) and records them, and the matmul's GFLOP per
+        CPU-second of this process (all its threads; less sensitive to other load)."""
+        cpu_start = time.process_time()
         gflops = 2 * n**3 / timed(matmul, a) / 1e9
+        gflops_per_cpu_s = 2 * n**3 / (time.process_time() - cpu_start) / 1e9
         gbs = big.nbytes / timed(read, big) / 1e9
         _MACHINE_SAMPLES["matmul_gflops"].append(gflops)
         _MACHINE_SAMPLES["read_gbs"].append(gbs)
+        _MACHINE_SAMPLES["matmul_gflops_per_cpu_s"].append(gflops_per_cpu_s)
         return gflops, gbs
 
     return probe
@@ -101,7 +122,7 @@ def _machine_probe():
 
 # Every machine measurement of this run: the machine group's, and those interleaved with
 # the sampler runs, so that the roofline reflects the load the sampler ran under.
-_MACHINE_SAMPLES = {"matmul_gflops": [], "read_gbs": []}
+_MACHINE_SAMPLES = {"matmul_gflops": [], "read_gbs": [], "matmul_gflops_per_cpu_s": []}
 
 
 def machine_numbers() -> dict:
@@ -223,9 +244,232 @@ def bench_sampler(repeats: int) -> dict:
     return out
 
 
+REPLAY_CAPACITIES = {"": 4096, "_64k": 65536}
+ITEM_LEN = 160  # tokens per rollout: 16 prompt + 144 completion
+REPLAY_BATCH = 64
+
+
+def replay_items(rng, num_items):
+    """num_items LLM-shaped rollouts, as replax's trainer stores them."""
+    import jax.numpy as jnp
+
+    return {
+        "tokens": jnp.asarray(rng.integers(0, 512, (num_items, ITEM_LEN)), jnp.int32),
+        "behaviour_logprobs": jnp.asarray(
+            -rng.exponential(size=(num_items, ITEM_LEN)), jnp.float32
+        ),
+        "loss_mask": jnp.asarray(rng.random((num_items, ITEM_LEN)) < 0.9, jnp.float32),
+        "reward": jnp.asarray(rng.random(num_items) < 0.5, jnp.float32),
+        "advantage": jnp.asarray(rng.standard_normal(num_items), jnp.float32),
+        "policy_version": jnp.zeros((num_items,), jnp.int32),
+    }
+
+
+def replay_latencies(capacity: int, items, calls: int) -> dict:
+    """Median microseconds of add / sample on a buffer of `capacity` items, ours and (when
+    installed) flashbax's, interleaved call by call."""
+    import jax
+    import jax.numpy as jnp
+
+    from replax import replay as replay_lib
+
+    try:
+        import flashbax as fbx
+    except ImportError:
+        fbx = None
+    example = jax.tree.map(lambda x: x[0], items)
+    step = jnp.int32(7)
+    buffer = replay_lib.make_replay_buffer(capacity=capacity, strategy="uniform")
+    ours_add = jax.jit(buffer.add, donate_argnums=0)
+    ours_sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
+    states = {"ours": buffer.init(example)}
+
+    # Each timed call takes a PRNG key, stores the new state and returns what to block on.
+    def add_ours(key):
+        states["ours"] = ours_add(states["ours"], items, step)
+        return states["ours"]
+
+    def sample_ours(key):
+        states["ours"], batch, info = ours_sample(states["ours"], key, REPLAY_BATCH, step)
+        return states["ours"], batch, info
+
+    timers = {"replay_add_us": add_ours, "replay_sample_us": sample_ours}
+    if fbx is not None:
+        flashbax = fbx.make_item_buffer(
+            max_length=capacity,
+            min_length=REPLAY_BATCH,
+            sample_batch_size=REPLAY_BATCH,
+            add_batches=True,
+        )
+        fbx_add = jax.jit(flashbax.add, donate_argnums=0)
+        fbx_sample = jax.jit(flashbax.sample)
+        states["flashbax"] = flashbax.init(example)
+
+        def add_flashbax(key):
+            states["flashbax"] = fbx_add(states["flashbax"], items)
+            return states["flashbax"]
+
+        timers["flashbax_add_us"] = add_flashbax
+        timers["flashbax_sample_us"] = lambda key: fbx_sample(states["flashbax"], key)
+    for _ in range(capacity // REPLAY_BATCH + 2):  # fill past capacity (wraps around)
+        for name, fn in timers.items():
+            if "_add_" in name:
+                jax.block_until_ready(fn(None))
+    # flashbax draws with jax.random.randint on raw uint32 keys; ours takes typed keys.
+    keys = {
+        "replay": jax.random.split(jax.random.key(1), calls + 10),
+        "flashbax": jax.random.split(jax.random.PRNGKey(1), calls + 10),
+    }
+    seconds = {name: [] for name in timers}
+    for i in range(calls + 10):  # interleaved; the first 10 rounds warm up
+        for name, fn in timers.items():
+            key = keys[name.split("_")[0]][i]
+            start = time.perf_counter()
+            jax.block_until_ready(fn(key))
+            if i >= 10:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: 1e6 * statistics.median(times) for name, times in seconds.items()}
+
+
+def bench_replay(repeats: int) -> dict:
+    import numpy as np
+
+    calls = 100 * repeats
+    items = replay_items(np.random.default_rng(0), REPLAY_BATCH)
+    out = {"replay_calls": calls}
+    for suffix, capacity in REPLAY_CAPACITIES.items():
+        latencies = replay_latencies(capacity, items, calls)
+        out.update({name + suffix: us for name, us in latencies.items()})
+        ours_us = latencies["replay_add_us"] + latencies["replay_sample_us"]
+        if "flashbax_add_us" in latencies:
+            fbx_us = latencies["flashbax_add_us"] + latencies["flashbax_sample_us"]
+            out[f"replay_vs_flashbax_speedup{suffix}"] = fbx_us / ours_us
+    # The latency target: N = 65536 within 1.3x of N = 4096.
+    out["replay_64k_over_4k"] = (out["replay_add_us_64k"] + out["replay_sample_us_64k"]) / (
+        out["replay_add_us"] + out["replay_sample_us"]
+    )
+    return out
+
+
+TRAIN_BATCH = 64
+TRAIN_PROMPT_LEN = 16
+
+
+def train_batch(config, params, rng):
+    """A realistic batch of 64 rollouts: prompts of 8-16 tokens (left-padded), completions
+    of 16-144 tokens ending in EOS (padded after), behaviour log-probs = the policy's own
+    plus noise (so some ratios clip), GRPO advantages over groups of 8."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from replax import model as model_lib
+    from replax import objectives
+
+    b, p, length = TRAIN_BATCH, TRAIN_PROMPT_LEN, ITEM_LEN
+    pad, eos = 0, 1
+    prompt_len = rng.integers(8, p + 1, b)
+    completion_len = rng.integers(16, length - p + 1, b)
+    column = np.arange(length)[None, :]
+    prompt_valid = (column < p) & (column >= p - prompt_len[:, None])
+    completion_valid = (column >= p) & (column < p + completion_len[:, None])
+    tokens = rng.integers(2, config.vocab_size, (b, length))
+    tokens[np.arange(b), p + completion_len - 1] = eos
+    attention_mask = prompt_valid | completion_valid
+    tokens = np.where(attention_mask, tokens, pad)
+    loss_mask = completion_valid.astype(np.float32)
+    tokens, attention_mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(attention_mask)
+    logits = jax.jit(model_lib.Transformer(config).apply)(
+        {"params": params}, tokens, model_lib.positions_from_mask(attention_mask), attention_mask
+    )
+    current = np.asarray(model_lib.token_logprobs(logits, tokens))
+    behaviour = (current + 0.1 * rng.standard_normal(current.shape)) * loss_mask
+    rewards = jnp.asarray(rng.random(b) < 0.5, jnp.float32)
+    advantage, baseline = objectives.group_advantages(rewards, 8)
+    return {
+        "tokens": tokens,
+        "attention_mask": attention_mask,
+        "loss_mask": jnp.asarray(loss_mask),
+        "behaviour_logprobs": jnp.asarray(behaviour, jnp.float32),
+        "advantage": advantage,
+        "reward": rewards,
+        "baseline": baseline,
+        "importance_weights": jnp.ones(b, jnp.float32),
+        "age": jnp.asarray(rng.integers(0, 4, b), jnp.int32),
+        "times_sampled": jnp.asarray(rng.integers(0, 4, b), jnp.int32),
+    }
+
+
+def bench_train(repeats: int) -> dict:
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from replax import model as model_lib
+    from replax import objectives, sharding
+    from replax import train_step as train_step_lib
+
+    probe = _machine_probe()
+    config = dataclasses.replace(reference_model_config(), max_len=ITEM_LEN)
+    model = model_lib.Transformer(config)
+    mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    rules = sharding.validate_rules(sharding.DEFAULT_RULES)
+    optimizer = train_step_lib.make_optimizer(
+        train_step_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
+    )
+    state, state_shardings = train_step_lib.init_train_state(
+        model, optimizer, jax.random.key(0), mesh, rules
+    )
+    batch = train_batch(config, state.params, np.random.default_rng(0))
+    batch_sharding = train_step_lib.batch_shardings(mesh, rules, batch)
+    batch = jax.device_put(batch, batch_sharding)
+    step = train_step_lib.make_train_step(
+        model,
+        optimizer,
+        objectives.LossConfig(name="ppo"),
+        mesh,
+        rules,
+        state_shardings,
+        batch_sharding,
+    )
+    for _ in range(2):  # warm-up: compile
+        state, metrics = jax.block_until_ready(step(state, batch))
+    flops = model_lib.train_flops(config, TRAIN_BATCH, ITEM_LEN)
+    seconds, cpu_seconds, mfus, cpu_mfus = [], [], [], []
+    per_cpu_s = _MACHINE_SAMPLES["matmul_gflops_per_cpu_s"]
+    for _ in range(repeats):
+        # Each step between two machine probes: its MFU at the same load.
+        before = probe()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        state, metrics = jax.block_until_ready(step(state, batch))
+        seconds.append(time.perf_counter() - start)
+        cpu_seconds.append(time.process_time() - cpu_start)
+        after = probe()
+        mfus.append(flops / seconds[-1] / ((before[0] + after[0]) / 2 * 1e9))
+        cpu_mfus.append(flops / cpu_seconds[-1] / ((per_cpu_s[-1] + per_cpu_s[-2]) / 2 * 1e9))
+    step_s = statistics.median(seconds)
+    return {
+        "train_step_s": step_s,
+        "train_tokens_per_s": TRAIN_BATCH * ITEM_LEN / step_s,
+        "train_mfu": statistics.median(mfus),
+        "train_mfus": sorted(mfus),
+        "train_mfu_cpu": statistics.median(cpu_mfus),
+        "train_step_seconds": sorted(seconds),
+        "train_cpu_s": statistics.median(cpu_seconds),
+        "train_flops_per_step": flops,
+        "train_trained_tokens": int(np.asarray(batch["loss_mask"]).sum()),
+        "train_compiles": step.jitted._cache_size(),
+        "train_clip_frac": float(metrics["clip_frac"]),
+        **machine_numbers(),
+    }
+
+
 GROUPS = {
     "machine": bench_machine,
     "sampler": bench_sampler,
+    "replay": bench_replay,
+    "train": bench_train,
 }
 
 
