@@ -130,16 +130,28 @@ def _positive_bias_eligible(keep_size: int, delta: float, valid, serial, correct
     return jnp.zeros_like(valid).at[order].set(fresh | kept_correct)
 
 
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
 def _random_bits(key, shape):
-    """uint32 random bits from a PRNG key, by XLA's Philox generator keyed with the key's
-    data: one small fused computation, where jax.random.bits of a threefry key is a rolled
-    loop whose per-round dispatch dominates a small draw on CPU."""
+    """uint32 random bits from a PRNG key: Threefry-2x32 (20 rounds, as jax.random's
+    default generator) of the counters 0, 1, ... under the key's first two words, written
+    out as plain uint32 arithmetic so that XLA fuses it into one kernel. jax.random.bits
+    runs the rounds as a rolled loop, whose dispatch dominates a draw of a few dozen
+    numbers on CPU."""
     words = jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
-    state = jnp.zeros(4, jnp.uint32).at[: min(words.shape[0], 4)].set(words[:4])
-    _, bits = jax.lax.rng_bit_generator(
-        state, shape, jnp.uint32, algorithm=jax.lax.RandomAlgorithm.RNG_PHILOX
-    )
-    return bits
+    k0, k1 = words[0], words[1]
+    keys = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+    count = math.prod(shape)
+    x0 = jax.lax.iota(jnp.uint32, count) + keys[0]
+    x1 = jnp.zeros(count, jnp.uint32) + keys[1]
+    for block in range(5):
+        for rotation in _THREEFRY_ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << rotation) | (x1 >> (32 - rotation))) ^ x0
+        x0 = x0 + keys[(block + 1) % 3]
+        x1 = x1 + keys[(block + 2) % 3] + jnp.uint32(block + 1)
+    return x0.reshape(shape)
 
 
 def _below(bits, bound):

@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -309,6 +310,13 @@ def test_below_is_the_high_word_of_the_64_bit_product():
         want = (bits * np.uint64(bound)) >> np.uint64(32)
         got = replay._below(jnp.asarray(bits.astype(np.uint32)), jnp.int32(bound))
         np.testing.assert_array_equal(got, want)
+
+
+def test_random_bits_are_threefry_of_the_counters():
+    key = jax.random.key(7)
+    counters = jnp.concatenate([jnp.arange(12, dtype=jnp.uint32), jnp.zeros(12, jnp.uint32)])
+    want = jax.extend.random.threefry_2x32(jax.random.key_data(key), counters)[:12]
+    np.testing.assert_array_equal(replay._random_bits(key, (3, 4)).reshape(-1), want)
 
 
 def test_inverse_cdf_matches_the_probabilities_and_skips_zero_weights():
