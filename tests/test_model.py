@@ -93,6 +93,26 @@ def test_left_padding_does_not_change_logits():
     np.testing.assert_allclose(logits_padded[:, 3:], logits, rtol=1e-5, atol=1e-5)
 
 
+def test_dense_is_the_contraction_of_the_trailing_axes():
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4, 5))
+    w = jax.random.normal(jax.random.key(1), (4, 5, 6))
+    np.testing.assert_allclose(
+        model_lib.dense(x, w, in_dims=2), jnp.einsum("btkd,kde->bte", x, w), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        model_lib.dense(x, w[0], in_dims=1), jnp.einsum("btkd,de->btke", x, w[0]), rtol=1e-5
+    )
+
+
+def test_swiglu_gradient_matches_autodiff_of_silu_times_up():
+    gate, up, grad = jax.random.normal(jax.random.key(0), (3, 4, 16)) * 3
+    plain = lambda g, u: jnp.sum(jax.nn.silu(g) * u * grad)
+    fused = lambda g, u: jnp.sum(model_lib.swiglu(g, u) * grad)
+    np.testing.assert_allclose(fused(gate, up), plain(gate, up), rtol=1e-6)
+    for got, want in zip(jax.grad(fused, (0, 1))(gate, up), jax.grad(plain, (0, 1))(gate, up)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
