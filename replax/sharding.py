@@ -197,3 +197,22 @@ def shard_batch(batch, mesh: Mesh, rules, axes=("batch",)):
         return jax.device_put(x, sharding)
 
     return jax.tree_util.tree_map(put, batch)
+
+
+def jit_state_step(step, mesh: Mesh, rules, state_shardings, batch_sharding):
+    """jit of step(state, batch) -> (state, replicated outputs) with explicit shardings and
+    the state donated, called under the activation rules. `run.jitted` is the jitted
+    function (for compilation counts)."""
+    jitted = jax.jit(
+        step,
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated(mesh)),
+        donate_argnums=(0,),
+    )
+
+    def run(state, batch):
+        with activation_rules(mesh, rules):
+            return jitted(state, batch)
+
+    run.jitted = jitted
+    return run

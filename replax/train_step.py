@@ -228,16 +228,4 @@ def make_train_step(
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 
-    jitted = jax.jit(
-        step,
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, sharding.replicated(mesh)),
-        donate_argnums=(0,),
-    )
-
-    def run(state, batch):
-        with sharding.activation_rules(mesh, rules):
-            return jitted(state, batch)
-
-    run.jitted = jitted
-    return run
+    return sharding.jit_state_step(step, mesh, rules, state_shardings, batch_sharding)

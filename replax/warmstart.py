@@ -92,18 +92,7 @@ def make_sft_step(model, optimizer, mesh, rules, state_shardings):
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), loss
 
     batch_sharding = sharding.named(mesh, ("batch", None), rules)
-    jitted = jax.jit(
-        step,
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, sharding.replicated(mesh)),
-        donate_argnums=(0,),
-    )
-
-    def run(state, batch):
-        with sharding.activation_rules(mesh, rules):
-            return jitted(state, batch)
-
-    return run
+    return sharding.jit_state_step(step, mesh, rules, state_shardings, batch_sharding)
 
 
 def cache_key(**parts) -> str:
