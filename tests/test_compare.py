@@ -104,6 +104,17 @@ def test_ratios_on_hand_made_metrics(tmp_path):
     assert "| replay | 0.0001 | 55.0% |" in compare.table(payload)
 
 
+def test_learning_rate_selection_rules():
+    compare = load_script("compare")
+    grid = [
+        {"lr": 3e-5, "final_accuracy": 0.70, "mean_accuracy": 0.66},
+        {"lr": 1e-4, "final_accuracy": 0.72, "mean_accuracy": 0.60},
+        {"lr": 3e-4, "final_accuracy": 0.72, "mean_accuracy": 0.62},
+    ]
+    assert compare.choose_lr(grid, "mean")["lr"] == 3e-5
+    assert compare.choose_lr(grid, "final")["lr"] == 3e-4  # tie on final: mean decides
+
+
 def test_statistics_helpers():
     assert ex.median([1.0, None, 3.0]) == 3.0
     assert ex.median([1.0, None]) is None  # the median is "never"
