@@ -31,6 +31,7 @@ setuptools.setup(
             "nbclient>=0.10",
             "ipykernel>=6",
             "tokenizers>=0.15",
+            "safetensors>=0.4",
         ],
         "bench": ["flashbax>=0.1.3"],
         "hf": ["safetensors>=0.4", "tokenizers>=0.15"],
