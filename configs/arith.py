@@ -35,6 +35,9 @@ def get_config(arg=None):
     c.seed = 0
     # RL steps (one optimizer step each).
     c.total_steps = 800
+    # Generated-rollout budget: when > 0 the run also stops once it has generated this
+    # many rollouts (auto mode generates on some steps only). 0: steps alone decide.
+    c.total_rollouts = 0
 
     # The policy: a small Llama-style decoder over bytes.
     c.model = ml_collections.ConfigDict()
@@ -142,6 +145,9 @@ def get_config(arg=None):
     c.replay.mu = 0.0
     # Auto mode re-plans the generation period and the max age every this many steps.
     c.replay.auto_every = 10
+    # Auto mode never plans a replay ratio y = B / R above this (it generates at least
+    # every floor(auto_max_y R / B) steps).
+    c.replay.auto_max_y = 8.0
 
     # The objective on (possibly stale) rollouts.
     c.loss = ml_collections.ConfigDict()

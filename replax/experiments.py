@@ -114,11 +114,18 @@ def finalize_config(
     """Sets what every comparison run fixes: total_steps = budget / R (an equal generated
     budget), evaluations at equal generation spacing, the seed and rate, and the dataset
     and warm start shared by all runs under shared_dir (runs with one seed share one base).
+    An auto-mode run generates on some steps only: it stops on total_rollouts = budget,
+    with room for the most steps its largest replay ratio (replay.auto_max_y) can take.
     Keys in `explicit` (set by the user's overrides) are left alone."""
     explicit = set(explicit)
-    config.total_steps = max(budget_rollouts // rollouts_per_step(config), 1)
-    if "eval.every" not in explicit:
+    r = rollouts_per_step(config)
+    config.total_steps = max(budget_rollouts // r, 1)
+    if "eval.every" not in explicit:  # spaced for a run that generates every step
         config.eval.every = max(1, round(config.total_steps / num_evals))
+    if config.replay.mode == "auto":
+        config.total_rollouts = budget_rollouts
+        max_y = config.replay.get("auto_max_y", 8.0)
+        config.total_steps *= max(1, int(max_y * r / config.train.batch_size))
     if "checkpoint_every" not in explicit:
         config.checkpoint_every = min(config.checkpoint_every, config.total_steps)
     config.seed = seed
@@ -141,16 +148,20 @@ def last_record(workdir: str) -> dict[str, Any] | None:
     return records[-1] if records else None
 
 
-def is_finished(workdir: str, total_steps: int) -> bool:
+def is_finished(workdir: str, total_steps: int, total_rollouts: int = 0) -> bool:
+    """The run's last record is at total_steps, or past its generated-rollout budget."""
     record = last_record(workdir)
-    return record is not None and record["step"] == total_steps
+    if record is None:
+        return False
+    spent = bool(total_rollouts) and record.get("gen_rollouts", 0) >= total_rollouts
+    return record["step"] == total_steps or spent
 
 
 def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Runs (or resumes) the run in workdir unless its last record is at total_steps.
     Returns the trainer's summary (saved in workdir/summary.json), or what is known."""
     summary_path = os.path.join(workdir, SUMMARY_FILE)
-    if is_finished(workdir, config.total_steps):
+    if is_finished(workdir, config.total_steps, config.get("total_rollouts", 0)):
         log(f"done already: {workdir}")
         if os.path.exists(summary_path):
             with open(summary_path) as f:

@@ -51,6 +51,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     ):
         cu.positive(config, key)
     cu.positive(config, "eval.every", allow_zero=True)
+    if "total_rollouts" in config:
+        cu.positive(config, "total_rollouts", allow_zero=True)
     cu.positive(config, "checkpoint_every")
     r = config.rollout.prompts_per_step * config.rollout.group_size
     cu.require(config.train.batch_size / r > 0, "train.batch_size / R: replay ratio must be > 0")
@@ -74,6 +76,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
             "splits into two halves, so it must be even",
         )
         cu.positive(config, "replay.auto_every")
+        if "auto_max_y" in config.replay:
+            cu.require(
+                config.replay.auto_max_y * r >= config.train.batch_size,
+                f"replay.auto_max_y={config.replay.auto_max_y} is below B / R = "
+                f"{config.train.batch_size / r:g}, the replay ratio of generating every step: "
+                "it must be >= B / R",
+            )
     cu.one_of(config, "loss.name", objectives.LOSSES)
     cu.one_of(config, "loss.aggregation", objectives.AGGREGATIONS)
     cu.one_of(config, "model.dtype", tuple(model_lib.DTYPES))
@@ -491,6 +500,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
             capacity=c.replay.capacity,
             mu_override=c.replay.mu or None,
             update_every=c.replay.auto_every,
+            max_period=max(1, int(c.replay.get("auto_max_y", 8.0) * r / b)),
         )
         if latest is not None and loop_state.get("auto_replay"):
             auto = auto_replay.AutoReplayController.from_state_dict(loop_state["auto_replay"])
@@ -506,7 +516,10 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
     t_start = time.time() - wall_offset
     record: dict[str, Any] = {}
     reward_mean = 0.0
+    budget = c.get("total_rollouts", 0)
     for step in range(start_step, c.total_steps):
+        if budget and account.gen_rollouts >= budget:
+            break  # a resumed run that had already spent its rollout budget
         key = jax.random.fold_in(base_key, step)
         gen_key, sample_key, eval_key = jax.random.split(key, 3)
         generate = auto is None or auto.should_generate(step)
@@ -577,7 +590,8 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
             )
             record.update(auto.metrics(), auto_max_age=max_age)  # the limit this step used
         done = step + 1
-        if c.eval.every and (done % c.eval.every == 0 or done == c.total_steps):
+        last = done == c.total_steps or bool(budget and account.gen_rollouts >= budget)
+        if c.eval.every and (done % c.eval.every == 0 or last):
             record.update(run.evaluator(train_state.params, eval_key))
         if done % c.log_every == 0 or "eval_accuracy" in record:
             writer.write(done, record)
@@ -587,7 +601,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
             account.gen_tokens / max(account.gen_s, 1e-9),
             record.get("eval_accuracy"),
         )
-        if done % c.checkpoint_every == 0 or done == c.total_steps:
+        if done % c.checkpoint_every == 0 or last:
             checkpointer.save(
                 done,
                 train_state=train_state,
@@ -602,6 +616,8 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
                 },
                 data_iterator=data_iter,
             )
+        if last:
+            break
     bar.close()
     checkpointer.close()
     writer.close()
@@ -611,7 +627,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
     return {
         "base_accuracy": base_accuracy,
         "final_accuracy": final,
-        "steps": c.total_steps,
+        "steps": account.steps,
         "wall_s": time.time() - t_start,
         **account.as_dict(),
     }

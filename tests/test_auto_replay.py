@@ -348,3 +348,33 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
     assert records[-1]["auto_mu"] == 20.0
     assert all(r["replay_age_max"] <= r["auto_max_age"] for r in records)
     assert strip(metrics_lib.read_metrics(str(tmp_path / "resumed"))) == strip(records)
+
+
+def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
+    from replax import experiments, trainer
+    from replax import metrics as metrics_lib
+
+    c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+    for key, value in AUTO_MICRO.items():
+        experiments.set_value(c, key, value)
+    c.task.data_dir = str(tmp_path / "data")
+    os.makedirs(c.task.data_dir, exist_ok=True)
+    # Auto mode in a comparison: the budget is in generated rollouts, the steps are room.
+    experiments.finalize_config(
+        c, budget_rollouts=16, num_evals=2, seed=0, learning_rate=1e-4, shared_dir=str(tmp_path)
+    )
+    r = c.rollout.prompts_per_step * c.rollout.group_size
+    assert c.total_rollouts == 16 and c.eval.every == 1
+    assert c.total_steps == 16 // r * int(c.replay.auto_max_y * r / c.train.batch_size)
+    workdir = str(tmp_path / "run")
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        summary = trainer.train(c, workdir, log=lambda _: None)
+        records = metrics_lib.read_metrics(workdir)
+        assert records[-1]["gen_rollouts"] == 16 and records[-2]["gen_rollouts"] < 16
+        assert len(records) < c.total_steps and summary["steps"] == len(records)
+        assert "eval_accuracy" in records[-1]
+        assert experiments.is_finished(workdir, c.total_steps, c.total_rollouts)
+        assert not experiments.is_finished(workdir, c.total_steps)
+        # Run again: the budget is spent, nothing more is generated or logged.
+        trainer.train(c, workdir, log=lambda _: None)
+    assert metrics_lib.read_metrics(workdir) == records

@@ -119,6 +119,7 @@ def test_resume_continues_exactly(full_run, tmp_path):
         ("--config.mesh.shape=(3,1,1)", "mesh.shape"),
         ("--config.task.data_dir=/nonexistent/replax", "task.data_dir"),
         ("--config.train.batch_size=0", "train.batch_size"),
+        ("--config.total_rollouts=-64", "total_rollouts"),
         ("--config.no_such_key=1", "no_such_key"),
     ],
 )
