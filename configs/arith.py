@@ -7,14 +7,17 @@ stops on measured accuracy; the base is cached). Task: 3-digit addition with car
 replax/tasks/arith.py also makes multi-term +, -, * problems (task.* keys). Algorithm:
 GRPO-style group advantages and behaviour log-probs frozen at generation, PPO-clip 0.2
 with dual clip 3 against the stored behaviour log-probs, Adam at a constant rate, no KL.
-Buffer: FIFO ring buffer, uniform sampling with replacement, zero-advantage groups not
-stored. Hardware: 2 CPU cores (the same code shards over a TPU slice). Expected: about
-5-10 minutes including compilation and warm start; held-out greedy accuracy up by more
-than 25 points over the warm start.
+Buffer: FIFO ring buffer of N = 1024, the paper's positive-bias sampling (uniform over the
+freshest N/2 rollouts and the freshest N/2 correct ones), zero-advantage groups not stored.
+This design and its rate won the replay-vs-on-policy study in the README (x by y sweep,
+refinements, 3 seeds). Hardware: 2 CPU cores (the same code shards over a TPU slice).
+Expected: about 3-6 minutes including compilation and warm start; held-out greedy
+accuracy up by more than 25 points over the warm start.
 
 Variants:
-  replay    (default) R = 4 x 8 fresh rollouts per step, batch B = 64, capacity N = 256,
-            lr 3e-5, 800 steps (25,600 generated rollouts)
+  replay    (default) R = 2 x 8 fresh rollouts per step, batch B = 64 (replay ratio
+            y = B/R = 4), capacity N = 1024 (x = N/R = 64), positive bias delta 0.5,
+            lr 5e-5, 1600 steps (25,600 generated rollouts)
   onpolicy  N = B = R = 64 (each rollout used once), lr 1e-4, 400 steps (same rollouts)
 
   python scripts/train.py --config=configs/arith.py:replay --workdir=runs/arith
@@ -34,7 +37,7 @@ def get_config(arg=None):
     # Seed of everything random: init, data order, sampling.
     c.seed = 0
     # RL steps (one optimizer step each).
-    c.total_steps = 800
+    c.total_steps = 1600
     # Generated-rollout budget: when > 0 the run also stops once it has generated this
     # many rollouts (auto mode generates on some steps only). 0: steps alone decide.
     c.total_rollouts = 0
@@ -105,7 +108,7 @@ def get_config(arg=None):
 
     # Rollouts: R = prompts_per_step x group_size fresh completions per step.
     c.rollout = ml_collections.ConfigDict()
-    c.rollout.prompts_per_step = 4
+    c.rollout.prompts_per_step = 2
     c.rollout.group_size = 8
     c.rollout.max_prompt_len = 10
     c.rollout.max_new_tokens = 6
@@ -118,7 +121,7 @@ def get_config(arg=None):
     c.train.batch_size = 64
 
     c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.learning_rate = 3e-5
+    c.optimizer.learning_rate = 5e-5
     c.optimizer.schedule = "constant"
     c.optimizer.warmup_steps = 0
     c.optimizer.weight_decay = 0.0
@@ -129,10 +132,11 @@ def get_config(arg=None):
     # Replay store: FIFO ring buffer of capacity N.
     c.replay = ml_collections.ConfigDict()
     c.replay.mode = "fixed"  # 'fixed' or 'auto' (choose x = N/R and y = B/R online)
-    c.replay.capacity = 256
-    c.replay.strategy = "uniform"
+    c.replay.capacity = 1024
+    c.replay.strategy = "positive_bias"
     c.replay.sample_mode = "local"
-    c.replay.delta = 0.3
+    # positive_bias: the freshest (1 - delta) N items and the freshest delta N correct ones.
+    c.replay.delta = 0.5
     c.replay.recency_tau = 8.0
     c.replay.priority_alpha = 0.6
     c.replay.priority_beta = 0.4
@@ -167,7 +171,7 @@ def get_config(arg=None):
     # Held-out evaluation: greedy pass@1, pass@k at temperature 1, token entropy.
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 50
-    c.eval.num_prompts = 512
+    c.eval.num_prompts = 1024
     c.eval.pass_k = 8
     c.eval.pass_k_prompts = 64
 
