@@ -11,7 +11,7 @@ setuptools.setup(
     install_requires=[
         "jax>=0.4.35",
         "flax>=0.10",
-        "optax>=0.2.4",
+        "optax>=0.2.5",
         "orbax-checkpoint>=0.11",
         "grain>=0.2.10",
         "tensorflow-datasets>=4.9.7",

@@ -43,3 +43,10 @@ def get(config: ml_collections.ConfigDict, key: str):
     for part in key.split("."):
         node = node[part]
     return node
+
+
+def auto_max_period(config: ml_collections.ConfigDict) -> int:
+    """The longest generation period auto mode may plan: steps between generations that
+    keep the replay ratio B x period / R at most replay.auto_max_y (at least 1)."""
+    r = config.rollout.prompts_per_step * config.rollout.group_size
+    return max(1, int(config.replay.get("auto_max_y", 8.0) * r / config.train.batch_size))

@@ -124,8 +124,7 @@ def finalize_config(
         config.eval.every = max(1, round(config.total_steps / num_evals))
     if config.replay.mode == "auto":
         config.total_rollouts = budget_rollouts
-        max_y = config.replay.get("auto_max_y", 8.0)
-        config.total_steps *= max(1, int(max_y * r / config.train.batch_size))
+        config.total_steps *= config_utils.auto_max_period(config)
     if "checkpoint_every" not in explicit:
         config.checkpoint_every = min(config.checkpoint_every, config.total_steps)
     config.seed = seed

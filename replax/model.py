@@ -354,7 +354,8 @@ def positions_from_mask(mask):
 
 
 def token_logprobs_and_entropy(logits, tokens):
-    """token_logprobs and token_entropy from one log-softmax over [B, T - 1, V]."""
+    """token_logprobs and the entropy of each next-token distribution (aligned the same
+    way: 0 at t = 0), from one log-softmax over [B, T - 1, V]."""
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
     picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
@@ -366,13 +367,6 @@ def token_logprobs(logits, tokens):
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
     picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
     return jnp.pad(picked, ((0, 0), (1, 0)))
-
-
-def token_entropy(logits):
-    """Entropy of next-token distributions, aligned like token_logprobs. [B, T]."""
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    return jnp.pad(ent, ((0, 0), (1, 0)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -219,9 +219,7 @@ def make_train_step(
         # The batch's token entropy; `entropy` in metrics.jsonl is the held-out one.
         if "entropy" in metrics:
             metrics["train_entropy"] = metrics.pop("entropy")
-        metrics["grad_norm"] = jnp.sqrt(
-            sum(jnp.vdot(g, g) for g in jax.tree_util.tree_leaves(grads))
-        )
+        metrics["grad_norm"] = optax.tree_utils.tree_norm(grads)
         metrics["replay_age_mean"] = jnp.mean(batch["age"].astype(jnp.float32))
         metrics["replay_age_max"] = jnp.max(batch["age"])
         metrics["replay_reuse_mean"] = jnp.mean(batch["times_sampled"].astype(jnp.float32))

@@ -500,7 +500,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
             capacity=c.replay.capacity,
             mu_override=c.replay.mu or None,
             update_every=c.replay.auto_every,
-            max_period=max(1, int(c.replay.get("auto_max_y", 8.0) * r / b)),
+            max_period=cu.auto_max_period(c),
         )
         if latest is not None and loop_state.get("auto_replay"):
             auto = auto_replay.AutoReplayController.from_state_dict(loop_state["auto_replay"])
@@ -517,8 +517,9 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
     record: dict[str, Any] = {}
     reward_mean = 0.0
     budget = c.get("total_rollouts", 0)
+    budget_spent = lambda: bool(budget) and account.gen_rollouts >= budget
     for step in range(start_step, c.total_steps):
-        if budget and account.gen_rollouts >= budget:
+        if budget_spent():
             break  # a resumed run that had already spent its rollout budget
         key = jax.random.fold_in(base_key, step)
         gen_key, sample_key, eval_key = jax.random.split(key, 3)
@@ -590,7 +591,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
             )
             record.update(auto.metrics(), auto_max_age=max_age)  # the limit this step used
         done = step + 1
-        last = done == c.total_steps or bool(budget and account.gen_rollouts >= budget)
+        last = done == c.total_steps or budget_spent()
         if c.eval.every and (done % c.eval.every == 0 or last):
             record.update(run.evaluator(train_state.params, eval_key))
         if done % c.log_every == 0 or "eval_accuracy" in record:

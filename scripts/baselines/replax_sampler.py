@@ -15,8 +15,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
+import bench  # noqa: E402  (scripts/bench.py: the reference model of the benchmark)
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -30,16 +33,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    config = model_lib.ModelConfig(
-        vocab_size=512,
-        num_layers=4,
-        d_model=256,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        mlp_dim=1024,
-        max_len=128,
-    )
+    config = bench.reference_model_config()
     dummy = jnp.zeros((1, 1), jnp.int32)
     params = nn.unbox(model_lib.Transformer(config).init(jax.random.key(0), dummy, dummy))
     params = params["params"]
