@@ -120,12 +120,14 @@ def test_resume_continues_exactly(full_run, tmp_path):
         ("--config.task.data_dir=/nonexistent/replax", "task.data_dir"),
         ("--config.train.batch_size=0", "train.batch_size"),
         ("--config.total_rollouts=-64", "total_rollouts"),
+        # B / R = 2 here: auto mode cannot plan a replay ratio below that.
+        (("--config.replay.mode=auto", "--config.replay.auto_max_y=1"), "replay.auto_max_y"),
         ("--config.no_such_key=1", "no_such_key"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, override, key):
     workdir = tmp_path / "run"
-    proc = run_train(str(workdir), override)
+    proc = run_train(str(workdir), *([override] if isinstance(override, str) else override))
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, lines
