@@ -45,16 +45,50 @@ STRATEGIES = ("uniform", "uniform_no_replacement", "recency", "positive_bias", "
 SAMPLE_MODES = ("local", "global")
 
 
+# Columns of `ReplayState.meta`: the bookkeeping of a slot, one int32 row.
+INSERT_STEP, TIMES_SAMPLED, VALID, SERIAL = range(4)
+
+
 @flax.struct.dataclass
 class ReplayState:
+    """The buffer's arrays. Bookkeeping is packed, one int32 row of `meta` per slot and one
+    row of `cursor` per shard, so that `add` writes it with one scatter and `sample` reads
+    it with one gather: on XLA:CPU every extra array costs a kernel and a buffer per call,
+    which for 64-row updates cost more than the data they move. The properties below read
+    the columns by name."""
+
     items: Any  # pytree, each leaf [N, ...]
-    insert_step: jax.Array  # int32[N] train step at which the item was added
-    times_sampled: jax.Array  # int32[N] draws of the item so far
-    valid: jax.Array  # bool[N] the slot holds an item
-    serial: jax.Array  # int32[N] arrival order over the whole buffer, larger is fresher
-    head: jax.Array  # int32[S] next slot each shard writes, an index into its slice
-    count: jax.Array  # int32[S] valid items per shard
+    # int32[N, 4], columns INSERT_STEP (train step of the add), TIMES_SAMPLED (draws so
+    # far), VALID (1 when the slot holds an item), SERIAL (arrival order over the whole
+    # buffer, larger is fresher).
+    meta: jax.Array
+    cursor: jax.Array  # int32[S, 2]: head (next slot each shard writes, an index into its
+    # slice) and count (valid items of the shard)
     num_offered: jax.Array  # int32[] rows ever passed to add, kept or not: the next serial
+
+    @property
+    def insert_step(self) -> jax.Array:  # int32[N]
+        return self.meta[:, INSERT_STEP]
+
+    @property
+    def times_sampled(self) -> jax.Array:  # int32[N]
+        return self.meta[:, TIMES_SAMPLED]
+
+    @property
+    def valid(self) -> jax.Array:  # bool[N]
+        return self.meta[:, VALID] > 0
+
+    @property
+    def serial(self) -> jax.Array:  # int32[N]
+        return self.meta[:, SERIAL]
+
+    @property
+    def head(self) -> jax.Array:  # int32[S]
+        return self.cursor[:, 0]
+
+    @property
+    def count(self) -> jax.Array:  # int32[S]
+        return self.cursor[:, 1]
 
 
 @flax.struct.dataclass
@@ -104,6 +138,18 @@ def _write_shard(slots, head, rows, keep):
     """
     n = jax.tree.leaves(slots)[0].shape[0]
     r = jax.tree.leaves(rows)[0].shape[0]
+    if keep is None and r <= n:
+        # Every row is kept and lands in a distinct slot: the plainest index arithmetic.
+        # Besides being less work, it keeps a whole `add` under the ~1000 estimated flops
+        # below which XLA:CPU runs a program on the calling thread instead of handing it to
+        # a worker thread (tens of microseconds per call on a small machine).
+        # lax.rem: the operands are >= 0, so C's remainder is Python's, without the sign
+        # fix-up that `%` adds (a dozen operations per row).
+        destination = jax.lax.rem(head + jnp.arange(r, dtype=jnp.int32), n)
+        slots = jax.tree.map(
+            lambda s, x: s.at[destination].set(x, mode="promise_in_bounds"), slots, rows
+        )
+        return slots, jax.lax.rem(head + r, n), jnp.asarray(r, jnp.int32)
     if keep is None:
         position, num_kept = jnp.arange(r, dtype=jnp.int32), r
         write = position >= r - n
@@ -227,13 +273,13 @@ def _draw_from_pool(key, log_weight, eligible, valid, *, batch_size: int, replac
     return indices, log_probs[indices], num_drawable, min_log_prob
 
 
-def _count_draws(times_sampled, indices, drawn_times):
-    """times_sampled (int32[n]) + the number of times each slot occurs in indices (int32[b]);
-    drawn_times = times_sampled[indices]. Every occurrence of a slot writes the same total, a
-    plain in-place scatter (a scatter-add next to the gather of the same buffer makes XLA
-    copy the whole buffer first)."""
+def _count_draws(meta, indices, drawn_times):
+    """meta (int32[n, 4]) with TIMES_SAMPLED + the number of times each slot occurs in
+    indices (int32[b]); drawn_times = the column at indices. Every occurrence of a slot
+    writes the same total, a plain in-place scatter (a scatter-add next to the gather of the
+    same buffer makes XLA copy the whole buffer first)."""
     occurrences = jnp.sum(indices[:, None] == indices[None, :], axis=1, dtype=jnp.int32)  # [b]
-    return times_sampled.at[indices].set(drawn_times + occurrences)
+    return meta.at[indices, TIMES_SAMPLED].set(drawn_times + occurrences)
 
 
 def _draw_written(bits, count, *, pool_size: int):
@@ -288,12 +334,8 @@ class ReplayBuffer:
         N, S = self.capacity, self.num_shards
         return ReplayState(
             items=jax.tree.map(lambda s: jnp.zeros((N, *s.shape), s.dtype), spec),
-            insert_step=jnp.zeros(N, jnp.int32),
-            times_sampled=jnp.zeros(N, jnp.int32),
-            valid=jnp.zeros(N, bool),
-            serial=jnp.zeros(N, jnp.int32),
-            head=jnp.zeros(S, jnp.int32),
-            count=jnp.zeros(S, jnp.int32),
+            meta=jnp.zeros((N, 4), jnp.int32),
+            cursor=jnp.zeros((S, 2), jnp.int32),
             num_offered=jnp.zeros((), jnp.int32),
         )
 
@@ -310,28 +352,24 @@ class ReplayBuffer:
         if keep is not None and jnp.shape(keep) != (num_rows,):
             raise ValueError(f"add: keep has shape {jnp.shape(keep)}, expected ({num_rows},)")
         step = jnp.asarray(step, jnp.int32)
-        slots = (state.items, state.insert_step, state.times_sampled, state.valid, state.serial)
-        rows = (
-            items,
-            jnp.full(num_rows, step),
-            jnp.zeros(num_rows, jnp.int32),
-            jnp.ones(num_rows, bool),
-            state.num_offered + jnp.arange(num_rows, dtype=jnp.int32),
-        )
+        columns = {
+            INSERT_STEP: jnp.full(num_rows, step),
+            TIMES_SAMPLED: jnp.zeros(num_rows, jnp.int32),
+            VALID: jnp.ones(num_rows, jnp.int32),
+            SERIAL: state.num_offered + jnp.arange(num_rows, dtype=jnp.int32),
+        }
+        meta = jnp.stack([columns[c] for c in range(4)], axis=1)  # [R, 4]
         if keep is not None:
             keep = keep.astype(bool).reshape(S, -1)
         slots, head, num_kept = _per_pool(_write_shard, S)(
-            _split(slots, S), state.head, _split(rows, S), keep
+            _split((state.items, state.meta), S), state.head, _split((items, meta), S), keep
         )
-        items, insert_step, times_sampled, valid, serial = _merge(slots)
+        items, meta = _merge(slots)
+        count = jnp.minimum(state.count + num_kept, self.shard_capacity)
         return ReplayState(
             items=items,
-            insert_step=insert_step,
-            times_sampled=times_sampled,
-            valid=valid,
-            serial=serial,
-            head=head,
-            count=jnp.minimum(state.count + num_kept, self.shard_capacity),
+            meta=meta,
+            cursor=jnp.stack([head, count], axis=1),
             num_offered=state.num_offered + num_rows,
         )
 
@@ -397,17 +435,13 @@ class ReplayBuffer:
             )
             probs = jnp.exp(log_prob)
         gather = lambda tree, index: jax.tree.map(lambda x: x[index], tree)
-        batch, drawn_insert_step, drawn_times = _merge(
-            _per_pool(gather, num_pools)(
-                _split((state.items, state.insert_step, state.times_sampled), num_pools),
-                local_index,
-            )
+        batch, drawn_meta = _per_pool(gather, num_pools)(
+            _split((state.items, state.meta), num_pools), local_index
         )
-        times_sampled = _per_pool(_count_draws, num_pools)(
-            _split(state.times_sampled, num_pools),
-            local_index,
-            drawn_times.reshape(local_index.shape),
+        meta = _per_pool(_count_draws, num_pools)(
+            _split(state.meta, num_pools), local_index, drawn_meta[..., TIMES_SAMPLED]
         )
+        batch, drawn_meta = _merge((batch, drawn_meta))
 
         # Priority: w = (m p)^-beta with m the drawable items of the pool, normalised by
         # the largest weight any drawable item of the buffer could get.
@@ -423,10 +457,10 @@ class ReplayBuffer:
             indices=(pool_start + local_index).reshape(-1),
             probs=probs.reshape(-1),
             importance_weights=importance_weights,
-            age=step - drawn_insert_step,
-            times_sampled=drawn_times,
+            age=step - drawn_meta[:, INSERT_STEP],
+            times_sampled=drawn_meta[:, TIMES_SAMPLED],
         )
-        return state.replace(times_sampled=times_sampled.reshape(-1)), batch, info
+        return state.replace(meta=_merge(meta)), batch, info
 
     def state_sharding(self, state: ReplayState, mesh, data_axes="data") -> ReplayState:
         """NamedShardings for `state` (or its eval_shape): the item axis over `data_axes`,
@@ -438,12 +472,8 @@ class ReplayBuffer:
         per_shard = items_axis if self.num_shards % data_size == 0 else replicated
         return ReplayState(
             items=jax.tree.map(lambda _: items_axis, state.items),
-            insert_step=items_axis,
-            times_sampled=items_axis,
-            valid=items_axis,
-            serial=items_axis,
-            head=per_shard,
-            count=per_shard,
+            meta=items_axis,
+            cursor=per_shard,
             num_offered=replicated,
         )
 
