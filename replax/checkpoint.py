@@ -77,6 +77,13 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(**args))
         return restored["train_state"], restored["replay_state"], restored["loop_state"]
 
+    def restore_train_state(self, step: int, *, train_state):
+        """Restores the train state alone (params and optimizer state), into the structure
+        and shardings of `train_state`: what evaluation needs, and readable whatever the
+        replay store's layout was when the checkpoint was written."""
+        args = ocp.args.Composite(train_state=ocp.args.StandardRestore(_abstract(train_state)))
+        return self.manager.restore(step, args=args)["train_state"]
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 

@@ -43,9 +43,7 @@ def main(argv):
     run = trainer.build(config, _WORKDIR.value, log=lambda *_: None)
     checkpointer = checkpoint.Checkpointer(ckpt_dir)
     step = checkpointer.latest_step()
-    train_state, _, _ = checkpointer.restore(
-        step, train_state=run.train_state, replay_state=run.replay_state
-    )
+    train_state = checkpointer.restore_train_state(step, train_state=run.train_state)
     checkpointer.close()
     metrics = {"step": step, **run.evaluator(train_state.params, jax.random.key(0))}
     with open(os.path.join(_WORKDIR.value, "eval.json"), "w") as f:
