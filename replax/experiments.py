@@ -181,6 +181,44 @@ def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict
     return summary
 
 
+def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
+    """The run's held-out evaluation (greedy accuracy, pass@k at temperature 1, entropy;
+    the sizes in config.eval) of its latest checkpoint, with the evaluation key 0."""
+    import jax
+
+    from replax import checkpoint, trainer  # imported late, as in ensure_run
+
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(ckpt_dir):
+        raise config_utils.ConfigError(f"--workdir={workdir} has no checkpoints/")
+    run = trainer.build(config, workdir, log=lambda *_: None)
+    checkpointer = checkpoint.Checkpointer(ckpt_dir)
+    try:
+        step = checkpointer.latest_step()
+        state = checkpointer.restore_train_state(step, train_state=run.train_state)
+    finally:
+        checkpointer.close()
+    metrics = run.evaluator(state.params, jax.random.key(0))
+    return {"step": step, **{k: metrics_lib._to_python(v) for k, v in metrics.items()}}
+
+
+def final_evaluation(config, workdir: str, pass_k_prompts: int, log=print) -> dict[str, Any]:
+    """evaluate_checkpoint of a finished run with pass@k over `pass_k_prompts` held-out
+    prompts (the runs' own evaluations use config.eval.pass_k_prompts, 64 by default: one
+    prompt moves pass@k by 1.6 points). Cached in workdir/final_eval_pass{n}.json."""
+    path = os.path.join(workdir, f"final_eval_pass{pass_k_prompts}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.eval.pass_k_prompts = pass_k_prompts
+    result = evaluate_checkpoint(config, workdir)
+    log(f"final evaluation of {workdir}: pass@k {result.get('eval_pass_at_k')}")
+    with open(path, "w") as f:
+        json.dump(result, f)
+    return result
+
+
 @contextlib.contextmanager
 def compilation_cache(path: str | None, min_compile_s: float = 0.2):
     """JAX's persistent compilation cache in `path` for the duration (None: unchanged).

@@ -24,7 +24,10 @@ NAME=BASE_VARIANT (a variant built from a config variant plus its overrides), --
 'onpolicy:3e-5,1e-4,3e-4;replay:1e-5,3e-5,1e-4' (default: the config's rate x 1/3, 1, 3),
 --mu_model, --budget_rollouts (default: total_steps x R of the on-policy config),
 --num_evals (evaluations per run, at equal generation spacing), --target (instead of the
-on-policy median), --override [VARIANT:]KEY=VALUE (repeatable; without VARIANT, every run).
+on-policy median), --override [VARIANT:]KEY=VALUE (repeatable; without VARIANT, every run),
+--final_pass_k_prompts N (re-evaluate each chosen run's last checkpoint with pass@k over N
+held-out prompts, cached in the run's final_eval_passN.json, and report that pass@k and
+entropy: the runs' own evaluations use 64 prompts, where one prompt is 1.6 points).
 """
 
 from __future__ import annotations
@@ -83,9 +86,12 @@ def parse_args(argv):
         help="JAX persistent compilation cache dir (default DIR/jax_cache; 'none': off)",
     )
     p.add_argument("--override", action="append", default=[], metavar="[VARIANT:]KEY=VALUE")
+    p.add_argument("--final_pass_k_prompts", type=int, default=0)
     args = p.parse_args(argv)
     if args.seeds < 1 or args.num_evals < 1:
         p.error("--seeds and --num_evals must be >= 1")
+    if args.final_pass_k_prompts < 0:
+        p.error("--final_pass_k_prompts must be >= 0")
     return args
 
 
@@ -197,12 +203,16 @@ def run_all(plan: Plan, log=print):
             f"{v}: learning rate {best['lr']:g} (final accuracy {best['final_accuracy']:.3f}, "
             f"mean {best['mean_accuracy']:.3f}; by {plan.args.select_by})"
         )
-        runs = []
+        runs, finals = [], []
         for seed in plan.seeds:
             workdir = plan.run_dir(v, best["lr"], seed)
-            ex.ensure_run(plan.config(v, best["lr"], seed), workdir, log=log)
+            config = plan.config(v, best["lr"], seed)
+            ex.ensure_run(config, workdir, log=log)
             runs.append((seed, workdir))
-        out[v] = {"lr_grid": grid, "lr": best["lr"], "runs": runs}
+            if plan.args.final_pass_k_prompts:
+                n = plan.args.final_pass_k_prompts
+                finals.append(ex.final_evaluation(config, workdir, n, log=log))
+        out[v] = {"lr_grid": grid, "lr": best["lr"], "runs": runs, "final_evals": finals}
     return out
 
 
@@ -238,6 +248,10 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
                 base_accuracy=base,
             )
             total = {"train_rollouts": s["train_rollouts"], "gen_rollouts": s["gen_rollouts"]}
+            finals = results[v].get("final_evals")
+            final = finals[len(per_seed)] if finals else {}
+            if final:  # pass@k and entropy over --final_pass_k_prompts prompts
+                s = {**s, "pass_at_k": final["eval_pass_at_k"], "entropy": final["entropy"]}
             per_seed.append(
                 {
                     **s,
@@ -290,6 +304,8 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
         "seeds": plan.seeds,
         "select_seed": plan.args.select_seed,
         "select_by": plan.args.select_by,
+        # 0: pass@k and entropy are the runs' own final evaluations (config.eval sizes).
+        "final_pass_k_prompts": plan.args.final_pass_k_prompts,
     }
     return payload, curves
 

@@ -26,26 +26,16 @@ _WORKDIR = flags.DEFINE_string("workdir", os.path.join(_ROOT, "runs", "arith"), 
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
-    import jax
 
-    from replax import checkpoint, config_utils, trainer
+    from replax import config_utils, experiments, trainer
 
     config = _CONFIG.value
     try:
         trainer.validate(config)
+        metrics = experiments.evaluate_checkpoint(config, _WORKDIR.value)
     except config_utils.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    ckpt_dir = os.path.join(_WORKDIR.value, "checkpoints")
-    if not os.path.isdir(ckpt_dir):
-        print(f"error: --workdir={_WORKDIR.value} has no checkpoints/", file=sys.stderr)
-        sys.exit(2)
-    run = trainer.build(config, _WORKDIR.value, log=lambda *_: None)
-    checkpointer = checkpoint.Checkpointer(ckpt_dir)
-    step = checkpointer.latest_step()
-    train_state = checkpointer.restore_train_state(step, train_state=run.train_state)
-    checkpointer.close()
-    metrics = {"step": step, **run.evaluator(train_state.params, jax.random.key(0))}
     with open(os.path.join(_WORKDIR.value, "eval.json"), "w") as f:
         json.dump(metrics, f)
     print(json.dumps(metrics))

@@ -176,6 +176,7 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
         "--lr_grid=onpolicy:1e-4;replay:3e-5",
         "--budget_rollouts=64",
         "--num_evals=2",
+        "--final_pass_k_prompts=12",
         *[f"--override={o}" for o in MICRO],
     ]
     assert compare.main(argv) == 0
@@ -214,6 +215,15 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
             assert key in v, (name, key)
         assert v["seeds"] == [0, 1] and v["total_steps"] == steps
         assert len(v["per_seed"]["final_accuracy"]) == 2
+        # pass@k and entropy come from the re-evaluation of each run's last checkpoint,
+        # whose greedy accuracy is the run's own final one.
+        for seed, run_dir in zip(v["seeds"], v["run_dirs"]):
+            final = json.loads((workdir / run_dir / "final_eval_pass12.json").read_text())
+            assert final["step"] == steps
+            assert v["per_seed"]["pass_at_k"][seed] == final["eval_pass_at_k"]
+            assert v["per_seed"]["entropy"][seed] == final["entropy"]
+            assert v["per_seed"]["final_accuracy"][seed] == final["eval_accuracy"]
+    assert payload["final_pass_k_prompts"] == 12
     assert payload["variants"]["onpolicy"]["B"] == payload["variants"]["onpolicy"]["R"] == 16
     assert payload["lr_chosen"] == {"onpolicy": 1e-4, "replay": 3e-5}
     assert (workdir / "compare.png").stat().st_size > 10_000
@@ -223,4 +233,6 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
     # A rerun skips the finished runs.
     capsys.readouterr()
     assert compare.main(argv) == 0
-    assert capsys.readouterr().out.count("done already") == 6  # the selection seed is asked twice
+    out = capsys.readouterr().out
+    assert out.count("done already") == 6  # the selection seed is asked twice
+    assert "final evaluation" not in out  # cached
