@@ -7,17 +7,18 @@ stops on measured accuracy; the base is cached). Task: 3-digit addition with car
 replax/tasks/arith.py also makes multi-term +, -, * problems (task.* keys). Algorithm:
 GRPO-style group advantages and behaviour log-probs frozen at generation, PPO-clip 0.2
 with dual clip 3 against the stored behaviour log-probs, Adam at a constant rate, no KL.
-Buffer: FIFO ring buffer of N = 1024, the paper's positive-bias sampling (uniform over the
+Buffer: FIFO ring buffer of N = 4096, the paper's positive-bias sampling (uniform over the
 freshest N/2 rollouts and the freshest N/2 correct ones), zero-advantage groups not stored.
-This design and its rate won the replay-vs-on-policy study in the README (x by y sweep,
-refinements, 3 seeds). Hardware: 2 CPU cores (the same code shards over a TPU slice).
+In the README's replay-vs-on-policy studies (x by y sweep, refinements, 3 seeds) positive
+bias with a large buffer won; N = 4096 at lr 1e-4 ended highest on every seed, at the
+inference and cost ratios of N = 1024, and gained 9 points more on this run. Hardware: 2 CPU cores (the same code shards over a TPU slice).
 Expected: about 3-6 minutes including compilation and warm start; held-out greedy
 accuracy up by more than 25 points over the warm start.
 
 Variants:
   replay    (default) R = 2 x 8 fresh rollouts per step, batch B = 64 (replay ratio
-            y = B/R = 4), capacity N = 1024 (x = N/R = 64), positive bias delta 0.5,
-            lr 5e-5, 1600 steps (25,600 generated rollouts)
+            y = B/R = 4), capacity N = 4096 (x = N/R = 256), positive bias delta 0.5,
+            lr 1e-4, 1600 steps (25,600 generated rollouts)
   onpolicy  N = B = R = 64 (each rollout used once), lr 1e-4, 400 steps (same rollouts)
 
   python scripts/train.py --config=configs/arith.py:replay --workdir=runs/arith
@@ -121,7 +122,7 @@ def get_config(arg=None):
     c.train.batch_size = 64
 
     c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.learning_rate = 5e-5
+    c.optimizer.learning_rate = 1e-4
     c.optimizer.schedule = "constant"
     c.optimizer.warmup_steps = 0
     c.optimizer.weight_decay = 0.0
@@ -132,7 +133,7 @@ def get_config(arg=None):
     # Replay store: FIFO ring buffer of capacity N.
     c.replay = ml_collections.ConfigDict()
     c.replay.mode = "fixed"  # 'fixed' or 'auto' (choose x = N/R and y = B/R online)
-    c.replay.capacity = 1024
+    c.replay.capacity = 4096
     c.replay.strategy = "positive_bias"
     c.replay.sample_mode = "local"
     # positive_bias: the freshest (1 - delta) N items and the freshest delta N correct ones.
