@@ -138,30 +138,29 @@ def _write_shard(slots, head, rows, keep):
     """
     n = jax.tree.leaves(slots)[0].shape[0]
     r = jax.tree.leaves(rows)[0].shape[0]
-    if keep is None and r <= n:
-        # Every row is kept and lands in a distinct slot: the plainest index arithmetic.
-        # Besides being less work, it keeps a whole `add` under the ~1000 estimated flops
-        # below which XLA:CPU runs a program on the calling thread instead of handing it to
-        # a worker thread (tens of microseconds per call on a small machine).
-        # lax.rem: the operands are >= 0, so C's remainder is Python's, without the sign
-        # fix-up that `%` adds (a dozen operations per row).
-        destination = jax.lax.rem(head + jnp.arange(r, dtype=jnp.int32), n)
-        slots = jax.tree.map(
-            lambda s, x: s.at[destination].set(x, mode="promise_in_bounds"), slots, rows
-        )
-        return slots, jax.lax.rem(head + r, n), jnp.asarray(r, jnp.int32)
     if keep is None:
         position, num_kept = jnp.arange(r, dtype=jnp.int32), r
-        write = position >= r - n
+        # Every row lands in a distinct slot unless the chunk is longer than the shard,
+        # where only the last n survive.
+        write = None if r <= n else position >= r - n
     else:
         position = jnp.cumsum(keep, dtype=jnp.int32) - 1  # int32[r] rank among the kept rows
         num_kept = position[-1] + 1
         # With more kept rows than slots only the last n would survive; dropping the others
         # keeps the scatter's destinations distinct (duplicate destinations have no order).
         write = keep & (position >= num_kept - n)
-    destination = jnp.where(write, (head + position) % n, n)  # n is out of range: dropped
-    slots = jax.tree.map(lambda s, x: s.at[destination].set(x, mode="drop"), slots, rows)
-    return slots, (head + num_kept) % n, jnp.asarray(num_kept, jnp.int32)
+    # lax.rem: wherever a row is written head + position >= 0, so C's remainder is Python's,
+    # without the sign fix-up that `%` adds (a dozen operations per row). With every row
+    # written there is no mask either, which keeps a whole 64-row `add` under the ~1000
+    # estimated flops below which XLA:CPU runs a program on the calling thread instead of
+    # handing it to a worker thread (tens of microseconds per call on a small machine).
+    destination = jax.lax.rem(head + position, n)
+    if write is None:
+        mode = "promise_in_bounds"
+    else:  # n is out of range: dropped
+        destination, mode = jnp.where(write, destination, n), "drop"
+    slots = jax.tree.map(lambda s, x: s.at[destination].set(x, mode=mode), slots, rows)
+    return slots, jax.lax.rem(head + num_kept, n), jnp.asarray(num_kept, jnp.int32)
 
 
 def _positive_bias_eligible(keep_size: int, delta: float, valid, serial, correct):

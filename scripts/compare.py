@@ -240,7 +240,9 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
     curves = {}
     for v, runs in loaded.items():
         per_seed = []
-        for (seed, records, base, _), s in zip(runs, summaries[v]):
+        # Re-evaluations of the runs' last checkpoints (--final_pass_k_prompts), if any.
+        finals = results[v].get("final_evals") or [{}] * len(runs)
+        for (seed, records, base, _), s, final in zip(runs, summaries[v], finals):
             hit = ex.to_target(
                 records,
                 target,
@@ -248,8 +250,6 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
                 base_accuracy=base,
             )
             total = {"train_rollouts": s["train_rollouts"], "gen_rollouts": s["gen_rollouts"]}
-            finals = results[v].get("final_evals")
-            final = finals[len(per_seed)] if finals else {}
             if final:  # pass@k and entropy over --final_pass_k_prompts prompts
                 s = {**s, "pass_at_k": final["eval_pass_at_k"], "entropy": final["entropy"]}
             per_seed.append(
