@@ -127,11 +127,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise cu.ConfigError(str(e).splitlines()[0]) from None
     shards = int(np.prod([mesh_shape[sharding.MESH_AXES.index(a)] for a in ("data", "fsdp")]))
     del rules
+    # The pass@k evaluation samples pass_k completions of its first pass_k_prompts prompts.
+    pass_k_rows = min(config.eval.pass_k_prompts, config.eval.num_prompts) * config.eval.pass_k
     for key, value in (
         ("rollout R = prompts_per_step x group_size", r),
         ("train.batch_size", config.train.batch_size),
         ("replay.capacity", config.replay.capacity),
         ("eval.num_prompts", config.eval.num_prompts),
+        ("eval.pass_k_prompts x eval.pass_k (rows sampled for pass@k)", pass_k_rows),
     ):
         cu.require(
             value % shards == 0,

@@ -170,12 +170,18 @@ class Plan:
         from replax import trainer
 
         os.makedirs(os.path.join(self.workdir, "data"), exist_ok=True)
+        final_prompts = self.args.final_pass_k_prompts
         for v in self.variants:
             for lr in self.lr_grid[v]:
+                config = self.config(v, lr, self.args.select_seed)
                 try:
-                    trainer.validate(self.config(v, lr, self.args.select_seed))
+                    trainer.validate(config)
+                    if final_prompts:  # the final re-evaluation's config, too
+                        config.eval.pass_k_prompts = final_prompts
+                        trainer.validate(config)
                 except config_utils.ConfigError as e:
-                    raise config_utils.ConfigError(f"variant {v}: {e}") from None
+                    where = f" with --final_pass_k_prompts={final_prompts}" if final_prompts else ""
+                    raise config_utils.ConfigError(f"variant {v}{where}: {e}") from None
 
 
 def choose_lr(grid: list[dict], select_by: str) -> dict:

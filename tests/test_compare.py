@@ -128,7 +128,7 @@ def test_statistics_helpers():
     assert hit["cost"] == math.inf and hit["gen_tokens_to_target"] == math.inf
 
 
-def test_override_parsing_and_bad_flags(tmp_path):
+def test_override_parsing_and_bad_flags(tmp_path, capsys):
     config = ex.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
     ex.set_value(config, "replay.capacity", "128")
     ex.set_value(config, "replay.drop_zero_advantage", "false")
@@ -139,6 +139,13 @@ def test_override_parsing_and_bad_flags(tmp_path):
     assert ex.split_override("eval.every=3") == (None, "eval.every", "3")
     assert compare.main([f"--workdir={tmp_path / 'a'}", "--override=no.such=1"]) == 2
     assert compare.main([f"--workdir={tmp_path / 'b'}", "--variants=onpolicy,nope"]) == 2
+    # The final re-evaluation's pass@k batch (3 prompts x pass_k 2) does not split over the
+    # 8 data shards: refused before any run, with the flag named.
+    micro = [f"--override={o}" for o in MICRO]
+    workdir = tmp_path / "c"
+    assert compare.main([f"--workdir={workdir}", "--final_pass_k_prompts=3", *micro]) == 2
+    assert "--final_pass_k_prompts=3" in capsys.readouterr().err
+    assert not (workdir / "runs").exists()
 
 
 # A micro run (tests/test_trainer.py's MICRO): 8 simulated devices divide every batch.

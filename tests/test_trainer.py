@@ -117,6 +117,8 @@ def test_resume_continues_exactly(full_run, tmp_path):
         ("--config.replay.strategy=lifo", "replay.strategy"),
         ("--config.loss.name=dpo", "loss.name"),
         ("--config.mesh.shape=(3,1,1)", "mesh.shape"),
+        # 3 prompts x pass_k 2 = 6 rows do not split over the 8 data shards.
+        ("--config.eval.pass_k_prompts=3", "eval.pass_k_prompts"),
         ("--config.task.data_dir=/nonexistent/replax", "task.data_dir"),
         ("--config.train.batch_size=0", "train.batch_size"),
         ("--config.total_rollouts=-64", "total_rollouts"),
