@@ -417,9 +417,14 @@ class ReplayBuffer:
         every_written_slot = self.strategy == "uniform" and max_age is None
         if every_written_slot and self.max_reuse is None and num_pools == self.num_shards:
             # Each pool is a shard whose written slots all are drawable: no [N]-sized work.
-            bits = _random_bits(rng, (num_pools, per_pool))
+            bits = _random_bits(rng, (2, num_pools, per_pool))
             written = functools.partial(_draw_written, pool_size=pool_size)
-            local_index, prob = _per_pool(written, num_pools)(bits, state.count)
+            local_index, prob = _per_pool(written, num_pools)(bits[0], state.count)
+            # The draws, shuffled by independent bits (still independent uniform draws).
+            # The sort is there to make XLA compute them once: elementwise, the 20
+            # Threefry rounds would be fused into, and recomputed by, every gather and
+            # scatter that reads the indices (ten kernels here).
+            _, local_index = jax.lax.sort_key_val(bits[1], local_index, dimension=1)
             probs = jnp.broadcast_to(prob[:, None], local_index.shape)
         else:
             draw = functools.partial(

@@ -29,7 +29,10 @@ Groups:
            shard, buffer filled past capacity. With flashbax installed, its item buffer
            (make_item_buffer, add donated) on the same items is timed interleaved with ours:
            flashbax_add_us, flashbax_sample_us (+ `_64k`) and replay_vs_flashbax_speedup[_64k]
-           = (flashbax add + sample) / (ours add + sample).
+           = (flashbax add + sample) / (ours add + sample). replay_add_kernels,
+           replay_sample_kernels (and flashbax_*_kernels): kernels (thunks) in the compiled
+           program at N = 4096, which set these calls' cost on XLA:CPU more than the bytes
+           they move.
   train    train_step_s, train_tokens_per_s, train_mfu: the replax train step (PPO loss,
            AdamW, global-norm clipping, state donated) on one device, batch 64 x 160 tokens
            (16 prompt, left-padded, + 144 completion, padded after EOS), the reference model
@@ -265,9 +268,22 @@ def replay_items(rng, num_items):
     }
 
 
-def replay_latencies(capacity: int, items, calls: int) -> dict:
+def kernel_count(compiled) -> int:
+    """Kernels XLA:CPU runs for a compiled program: the entry computation's instructions
+    other than parameters, constants, tuples and bitcasts (each fusion, copy or custom
+    call is one kernel, with its own launch and scheduling on the runtime's threads)."""
+    import re
+
+    text = compiled.as_text()
+    entry = text[text.index("\nENTRY") :].split("\n}", 1)[0].splitlines()[1:]
+    free = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
+    ops = [re.match(r"\s*(?:ROOT )?%\S+ = .*? ([a-z][\w-]*)\(", line) for line in entry]
+    return sum(1 for m in ops if m and m.group(1) not in free)
+
+
+def replay_latencies(capacity: int, items, calls: int) -> tuple[dict, dict]:
     """Median microseconds of add / sample on a buffer of `capacity` items, ours and (when
-    installed) flashbax's, interleaved call by call."""
+    installed) flashbax's, interleaved call by call; and the kernels of each program."""
     import jax
     import jax.numpy as jnp
 
@@ -283,6 +299,7 @@ def replay_latencies(capacity: int, items, calls: int) -> dict:
     ours_add = jax.jit(buffer.add, donate_argnums=0)
     ours_sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
     states = {"ours": buffer.init(example)}
+    keys0 = (jax.random.key(0), jax.random.PRNGKey(0))  # example keys for lowering
 
     # Each timed call takes a PRNG key, stores the new state and returns what to block on.
     def add_ours(key):
@@ -311,6 +328,14 @@ def replay_latencies(capacity: int, items, calls: int) -> dict:
 
         timers["flashbax_add_us"] = add_flashbax
         timers["flashbax_sample_us"] = lambda key: fbx_sample(states["flashbax"], key)
+    kernels = {
+        "replay_add_kernels": ours_add.lower(states["ours"], items, step),
+        "replay_sample_kernels": ours_sample.lower(states["ours"], keys0[0], REPLAY_BATCH, step),
+    }
+    if fbx is not None:
+        kernels["flashbax_add_kernels"] = fbx_add.lower(states["flashbax"], items)
+        kernels["flashbax_sample_kernels"] = fbx_sample.lower(states["flashbax"], keys0[1])
+    kernels = {name: kernel_count(lowered.compile()) for name, lowered in kernels.items()}
     for _ in range(capacity // REPLAY_BATCH + 2):  # fill past capacity (wraps around)
         for name, fn in timers.items():
             if "_add_" in name:
@@ -328,7 +353,8 @@ def replay_latencies(capacity: int, items, calls: int) -> dict:
             jax.block_until_ready(fn(key))
             if i >= 10:
                 seconds[name].append(time.perf_counter() - start)
-    return {name: 1e6 * statistics.median(times) for name, times in seconds.items()}
+    latencies = {name: 1e6 * statistics.median(times) for name, times in seconds.items()}
+    return latencies, kernels
 
 
 def bench_replay(repeats: int) -> dict:
@@ -338,8 +364,10 @@ def bench_replay(repeats: int) -> dict:
     items = replay_items(np.random.default_rng(0), REPLAY_BATCH)
     out = {"replay_calls": calls}
     for suffix, capacity in REPLAY_CAPACITIES.items():
-        latencies = replay_latencies(capacity, items, calls)
+        latencies, kernels = replay_latencies(capacity, items, calls)
         out.update({name + suffix: us for name, us in latencies.items()})
+        if not suffix:
+            out.update(kernels)
         ours_us = latencies["replay_add_us"] + latencies["replay_sample_us"]
         if "flashbax_add_us" in latencies:
             fbx_us = latencies["flashbax_add_us"] + latencies["flashbax_sample_us"]
