@@ -22,6 +22,9 @@ Groups:
            the fraction is the median over runs of (roofline time at the probes' mean /
            run time), so that a load change between the probes and the runs does not skew
            it; sampler_roofline_tokens_per_s_b* uses the median machine numbers.
+           decode_matmul_gflops_b{8,64}, decode_matmul_fraction_b{8,64}: one decode step's
+           weight matmuls alone (fused projections, one program) against the probe's
+           matmul rate, the ceiling of the roofline fraction for a compute-bound decode.
   replay   replay_add_us, replay_sample_us (N = 4096 slots) and the `_64k` keys (N = 65536):
            median microseconds of one jitted, blocking call (state donated) that adds 64 /
            samples 64 LLM-shaped items (tokens int32[160], behaviour log-probs and loss mask
@@ -157,6 +160,45 @@ def roofline_seconds(config, batch, prompt_len, new_tokens, flops_per_s, bytes_p
     return total
 
 
+def decode_matmul_fraction(config, batch: int, repeats: int, probe) -> tuple[float, float]:
+    """How fast this machine runs a decode step's weight matmuls alone: one token for a
+    batch, through every layer (fused q/k/v and gate/up projections, the most favourable
+    shapes) and the LM head, in one jitted program. Returns (GFLOP/s, fraction of the
+    probe's matmul rate, median over runs each between two probes). A compute-bound
+    sampler cannot beat this fraction of the roofline: it does these matmuls and more."""
+    import jax
+    import jax.numpy as jnp
+
+    d, hd, mlp = config.d_model, config.head_dim, config.mlp_dim
+    qkv = (config.num_heads + 2 * config.num_kv_heads) * hd
+    layer = lambda: (
+        jnp.full((d, qkv), 0.01),
+        jnp.full((config.num_heads * hd, d), 0.01),
+        jnp.full((d, 2 * mlp), 0.01),
+        jnp.full((mlp, d), 0.01),
+    )
+    weights = ([layer() for _ in range(config.num_layers)], jnp.full((d, config.vocab_size), 0.01))
+
+    def step(x, weights):
+        layers, head = weights
+        for w_qkv, w_o, w_gate_up, w_down in layers:
+            x = x + (x @ w_qkv)[:, : config.num_heads * hd] @ w_o
+            gate, up = jnp.split(x @ w_gate_up, 2, axis=1)
+            x = x + (jax.nn.silu(gate) * up) @ w_down
+        return x @ head
+
+    flops = 2 * batch * (config.num_layers * (d * qkv + config.num_heads * hd * d + 3 * d * mlp))
+    flops += 2 * batch * d * config.vocab_size
+    fn, x = jax.jit(step), jnp.ones((batch, d), jnp.float32)
+    jax.block_until_ready(fn(x, weights))
+    rates, fractions = [], []
+    for _ in range(10 * repeats):
+        before = probe()
+        rates.append(flops / timed(fn, x, weights) / 1e9)
+        fractions.append(rates[-1] / ((before[0] + probe()[0]) / 2))
+    return statistics.median(rates), statistics.median(fractions)
+
+
 def bench_sampler(repeats: int) -> dict:
     import flax.linen as nn
     import jax
@@ -229,6 +271,9 @@ def bench_sampler(repeats: int) -> dict:
         out[f"sampler_roofline_fractions_b{batch}"] = sorted(fractions)
         out[f"sampler_seconds_b{batch}"] = sorted(times[True])
         out[f"sampler_nocache_seconds_b{batch}"] = sorted(times[False])
+        gflops, fraction = decode_matmul_fraction(config, batch, repeats, probe)
+        out[f"decode_matmul_gflops_b{batch}"] = gflops
+        out[f"decode_matmul_fraction_b{batch}"] = fraction
     out.update(machine_numbers())  # the roofline used these
     out["sampler_shapes"] = {
         "vocab_size": config.vocab_size,
