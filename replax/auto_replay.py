@@ -58,7 +58,10 @@ finite-buffer (1/x) noise does not enter S.
     prior alpha_init entered as one pseudo-point at u = log 2 that does not decay (the
     data's weight is about 1 / (1 - ema) windows, so the prior is a light anchor against
     a noisy window). Clipped to
-    [alpha_min, alpha_max] (alpha_max < 1/2: beyond it on-policy is optimal anyway).
+    `alpha_range`, (-0.45, 0.45) by default (above 1/2 on-policy is optimal anyway). It
+    may be negative: on the arithmetic task the stale half's noise was measured below the
+    fresh half's (slope -0.47), since PPO-clip zeroes the gradient of the tokens whose
+    ratio has left the clip range, more of them the staler the rollout.
   rho: the step gradient's second moment is E|G|^2 = s^2 (1/B + 1/N) + (|g|^2 + shared
     covariance); in J's normalisation (multiply by R / s^2) the bracket is
     1/y + 1/x + rho, so the part that does not average out is
@@ -67,6 +70,9 @@ finite-buffer (1/x) noise does not enter S.
     2018). R is the configured rollouts per generation, the fixed R of the paper's
     analysis; the controller then realises the planned ratio y* with B fixed through the
     period. Windowed sums, then an EMA, clipped to [rho_min, rho_max].
+The design that turns the estimates into (x*, y*) is `design`: 'paper' (J above, the
+closed form) or 'long_run' (J with the buffer term summed over the steps a rollout lives
+in, 1 instead of 1 / x: y* = sqrt(mu / (1 + rho)); `long_run_design` derives it).
 The plan (x*, y*) is recomputed every `update_every` observed steps. Rollouts dropped as
 zero-advantage make the real R smaller than planned; the plan ignores that.
 """
@@ -89,16 +95,54 @@ def design_objective(x: float, y: float, *, mu: float, rho: float, alpha: float)
 
 
 def optimal_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
-    """The closed-form minimiser (x*, y*) of J; x* is inf when alpha == 0."""
-    if not (mu > 0 and rho >= 0 and 0 <= alpha < 0.5) or (alpha == 0 and rho == 0):
+    """The closed-form minimiser (x*, y*) of J; x* is inf when alpha <= 0 (no variance
+    growth, or a decrease: J falls with x, keep everything; then y* = sqrt(mu / rho))."""
+    if not (mu > 0 and rho >= 0 and alpha < 0.5) or (alpha <= 0 and rho == 0):
         raise ValueError(
-            f"need mu > 0, rho >= 0, 0 <= alpha < 1/2, not both alpha and rho 0; got "
+            f"need mu > 0, rho >= 0, alpha < 1/2, and rho > 0 when alpha <= 0; got "
             f"mu={mu}, rho={rho}, alpha={alpha}"
         )
+    if alpha <= 0:
+        return math.inf, math.sqrt(mu / rho)
     root = math.sqrt(alpha**2 + mu * rho * (1 - 2 * alpha))
     y = mu * (1 - 2 * alpha) / (alpha + root)
     x = math.inf if alpha == 0 else y**2 / (2 * alpha * (mu + y))
     return x, y
+
+
+def long_run_objective(x: float, y: float, *, mu: float, rho: float, alpha: float) -> float:
+    """J with the long-run variance of the step gradient: the buffer term 1 in place of
+    1 / x (see `long_run_design`). x matters through sigma^2(x) = x^(2 alpha) alone."""
+    return x ** (2 * alpha) * (1 + y / mu) * (1 / y + 1 + rho)
+
+
+def long_run_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
+    """Minimiser (x*, y*) of `long_run_objective`: y* = sqrt(mu / (1 + rho)); x* = inf when
+    alpha <= 0 (stale rollouts no noisier: keep them all) and 1 otherwise (as short as
+    allowed: the controller keeps at least two generations).
+
+    Why the long-run variance. J charges each step the variance of its own gradient,
+    s^2 / R (1 / y + 1 / x + rho) in units where a fresh rollout's noise is s^2: the batch
+    is a sample of B from a buffer of N = x R whose mean itself is off by s^2 / N. That
+    buffer error is shared by every step the same rollouts are in. A rollout lives x
+    steps, so the errors of steps t and t + k share (x - k) / x of their rollouts and
+    covary by s^2 / N (1 - k / x). SGD adds the steps' errors up, and summed over all lags
+    (-x, x) the covariance is s^2 / N (1 + 2 sum_k (1 - k / x)) = s^2 x / N = s^2 / R,
+    whatever x is. Equivalently, a rollout is drawn y times on average over its life and
+    each draw adds its noise / B: over T steps the errors sum to variance
+    T R (y + y^2) s^2 / B^2 = T s^2 / R (1 / y + 1). So over a run much longer than a
+    rollout's life the buffer term is 1, not 1 / x, and dJ/dy = 0 gives y^2 = mu / (1 +
+    rho): replay pays off while a reused sample costs (B / mu) less than a fresh one's
+    noise is worth, independent of the horizon.
+    """
+    if not (mu > 0 and rho >= 0 and alpha < 0.5):
+        raise ValueError(
+            f"need mu > 0, rho >= 0, alpha < 1/2; got mu={mu}, rho={rho}, alpha={alpha}"
+        )
+    return (math.inf if alpha <= 0 else 1.0), math.sqrt(mu / (1 + rho))
+
+
+DESIGNS = {"paper": optimal_design, "long_run": long_run_design}
 
 
 def _golden_section(f, lo: float, hi: float, iterations: int = 120) -> float:
@@ -239,6 +283,7 @@ class AutoReplayController:
         "max_period",
         "min_horizon",
         "warmup",
+        "design",
     )
 
     def __init__(
@@ -253,12 +298,13 @@ class AutoReplayController:
         rho_init: float = 0.1,
         mu_init: float = 1.0,
         ema: float = 0.8,
-        alpha_range: tuple[float, float] = (0.02, 0.45),
+        alpha_range: tuple[float, float] = (-0.45, 0.45),
         rho_range: tuple[float, float] = (1e-3, 1e3),
         mu_range: tuple[float, float] = (1e-2, 1e3),
         max_period: int = 8,
         min_horizon: int = 2,
         warmup: int = 1,
+        design: str = "paper",
     ):
         if min(rollouts_per_generation, batch_size, capacity, update_every, max_period) < 1:
             raise ValueError("rollouts, batch size, capacity, update_every, max_period >= 1")
@@ -266,6 +312,9 @@ class AutoReplayController:
             raise ValueError(f"capacity={capacity} < rollouts_per_generation")
         if not 0 <= ema < 1:
             raise ValueError(f"ema={ema} must lie in [0, 1)")
+        if design not in DESIGNS:
+            raise ValueError(f"design={design!r}; allowed: {', '.join(DESIGNS)}")
+        self.design = design
         self.rollouts_per_generation = rollouts_per_generation
         self.batch_size = batch_size
         self.capacity = capacity
@@ -401,7 +450,7 @@ class AutoReplayController:
         self.mixed_steps = 0
 
     def _plan(self):
-        x, y = optimal_design(self.mu, self.rho, self.alpha)
+        x, y = DESIGNS[self.design](self.mu, self.rho, self.alpha)
         self.x_opt, self.y_opt = x, y
         r, b = self.rollouts_per_generation, self.batch_size
         self.period = _clip(y * r / b, 1.0, float(self.max_period))

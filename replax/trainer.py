@@ -76,6 +76,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
             "splits into two halves, so it must be even",
         )
         cu.positive(config, "replay.auto_every")
+        if "auto_design" in config.replay:
+            cu.one_of(config, "replay.auto_design", tuple(auto_replay.DESIGNS))
         if "auto_max_y" in config.replay:
             cu.require(
                 config.replay.auto_max_y * r >= config.train.batch_size,
@@ -504,6 +506,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
             mu_override=c.replay.mu or None,
             update_every=c.replay.auto_every,
             max_period=cu.auto_max_period(c),
+            design=c.replay.get("auto_design", "paper"),
         )
         if latest is not None and loop_state.get("auto_replay"):
             auto = auto_replay.AutoReplayController.from_state_dict(loop_state["auto_replay"])

@@ -57,6 +57,68 @@ def test_design_moves_the_right_way():
     assert x3 < x4  # faster variance growth: shorter horizon
 
 
+def test_no_variance_growth_or_a_decrease_keeps_everything():
+    for alpha in (0.0, -0.3):
+        x, y = optimal_design(6.0, 0.5, alpha)
+        assert x == math.inf and y == pytest.approx(math.sqrt(6.0 / 0.5))
+    with pytest.raises(ValueError):
+        optimal_design(6.0, 0.0, -0.1)
+
+
+@pytest.mark.parametrize("mu, rho, alpha", [(6.0, 0.005, -0.4), (6.0, 0.5, 0.2), (0.5, 2.0, 0.0)])
+def test_long_run_design_minimises_its_objective(mu, rho, alpha):
+    x, y = auto_replay.long_run_design(mu, rho, alpha)
+    assert y == pytest.approx(math.sqrt(mu / (1 + rho)))
+    j = lambda x_, y_: auto_replay.long_run_objective(x_, y_, mu=mu, rho=rho, alpha=alpha)
+    x_at = 16.0 if x == math.inf else x
+    for dy in (1.1, 0.9, 2.0, 0.5):
+        assert j(x_at, y * dy) > j(x_at, y)
+    # x only through sigma^2(x): longer is better when alpha < 0, shorter when alpha > 0.
+    if alpha < 0:
+        assert x == math.inf and j(64.0, y) < j(8.0, y)
+    elif alpha > 0:
+        assert x == 1.0 and j(8.0, y) > j(1.0, y)
+
+
+def test_long_run_variance_of_a_fifo_buffer_matches_the_derivation():
+    """Monte Carlo of the buffer's noise: R fresh unit-variance rollouts a step, FIFO of
+    N = x R, B = y R draws with replacement a step. The step errors summed over T steps
+    have variance T / R (1 / y + 1) (long_run_design), not the T / R (1 / y + 1 / x) that
+    independent steps would give."""
+    rng = np.random.default_rng(0)
+    trials, steps, r, x, y = 400, 400, 4, 8, 2
+    n, b = x * r, y * r
+    noise = rng.standard_normal((trials, steps + x, r))
+    draws = rng.integers(0, n, (trials, steps, b))
+    generation = np.arange(steps)[None, :, None] + x - 1 - draws // r  # newest = t + x - 1
+    errors = noise[np.arange(trials)[:, None, None], generation, draws % r].mean(axis=2)
+    per_step = errors.var(axis=(0, 1)) * r
+    long_run = errors.sum(axis=1).var() * r / steps
+    assert per_step == pytest.approx(1 / y + 1 / x, rel=0.05)
+    assert long_run == pytest.approx(1 / y + 1, rel=0.1)
+
+
+def test_controller_plans_with_the_chosen_design():
+    def plan(design):
+        controller = AutoReplayController(
+            rollouts_per_generation=16, batch_size=32, capacity=4096, mu_override=6.0, design=design
+        )
+        controller.alpha, controller.rho = -0.3, 0.005
+        controller._plan()
+        return controller.metrics()
+
+    paper, long_run = plan("paper"), plan("long_run")
+    assert paper["auto_y_opt"] == pytest.approx(math.sqrt(6.0 / 0.005))
+    assert long_run["auto_y_opt"] == pytest.approx(math.sqrt(6.0 / 1.005))
+    # y = period x B / R: the period rounds up from 1 at most to the cap (8 here).
+    assert long_run["auto_y"] == pytest.approx(2.0 * max(1.0, math.sqrt(6.0 / 1.005) / 2.0))
+    assert paper["auto_y"] == pytest.approx(16.0)  # 8 generations apart, the cap
+    # Negative alpha: the horizon is the ring's whole lifetime, N / R generations.
+    assert long_run["auto_x"] == pytest.approx(4096 / 16 * long_run["auto_period"])
+    with pytest.raises(ValueError, match="design"):
+        AutoReplayController(rollouts_per_generation=16, batch_size=32, capacity=64, design="x")
+
+
 # ---------------------------------------------------------------- estimators
 
 

@@ -124,6 +124,7 @@ def test_resume_continues_exactly(full_run, tmp_path):
         ("--config.total_rollouts=-64", "total_rollouts"),
         # B / R = 2 here: auto mode cannot plan a replay ratio below that.
         (("--config.replay.mode=auto", "--config.replay.auto_max_y=1"), "replay.auto_max_y"),
+        (("--config.replay.mode=auto", "--config.replay.auto_design=magic"), "replay.auto_design"),
         ("--config.no_such_key=1", "no_such_key"),
     ],
 )
