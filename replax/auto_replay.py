@@ -106,8 +106,7 @@ def optimal_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
         return math.inf, math.sqrt(mu / rho)
     root = math.sqrt(alpha**2 + mu * rho * (1 - 2 * alpha))
     y = mu * (1 - 2 * alpha) / (alpha + root)
-    x = math.inf if alpha == 0 else y**2 / (2 * alpha * (mu + y))
-    return x, y
+    return y**2 / (2 * alpha * (mu + y)), y
 
 
 def long_run_objective(x: float, y: float, *, mu: float, rho: float, alpha: float) -> float:

@@ -153,7 +153,8 @@ def _write_shard(slots, head, rows, keep):
     # without the sign fix-up that `%` adds (a dozen operations per row). With every row
     # written there is no mask either, which keeps a whole 64-row `add` under the ~1000
     # estimated flops below which XLA:CPU runs a program on the calling thread instead of
-    # handing it to a worker thread (tens of microseconds per call on a small machine).
+    # handing it to a worker thread (little on an idle machine, tens of microseconds per
+    # call when the other core is busy).
     destination = jax.lax.rem(head + position, n)
     if write is None:
         mode = "promise_in_bounds"

@@ -344,7 +344,6 @@ def replay_latencies(capacity: int, items, calls: int) -> tuple[dict, dict]:
     ours_add = jax.jit(buffer.add, donate_argnums=0)
     ours_sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
     states = {"ours": buffer.init(example)}
-    keys0 = (jax.random.key(0), jax.random.PRNGKey(0))  # example keys for lowering
 
     # Each timed call takes a PRNG key, stores the new state and returns what to block on.
     def add_ours(key):
@@ -375,11 +374,15 @@ def replay_latencies(capacity: int, items, calls: int) -> tuple[dict, dict]:
         timers["flashbax_sample_us"] = lambda key: fbx_sample(states["flashbax"], key)
     kernels = {
         "replay_add_kernels": ours_add.lower(states["ours"], items, step),
-        "replay_sample_kernels": ours_sample.lower(states["ours"], keys0[0], REPLAY_BATCH, step),
+        "replay_sample_kernels": ours_sample.lower(
+            states["ours"], jax.random.key(0), REPLAY_BATCH, step
+        ),
     }
     if fbx is not None:
         kernels["flashbax_add_kernels"] = fbx_add.lower(states["flashbax"], items)
-        kernels["flashbax_sample_kernels"] = fbx_sample.lower(states["flashbax"], keys0[1])
+        kernels["flashbax_sample_kernels"] = fbx_sample.lower(
+            states["flashbax"], jax.random.PRNGKey(0)
+        )
     kernels = {name: kernel_count(lowered.compile()) for name, lowered in kernels.items()}
     for _ in range(capacity // REPLAY_BATCH + 2):  # fill past capacity (wraps around)
         for name, fn in timers.items():
