@@ -73,8 +73,12 @@ finite-buffer (1/x) noise does not enter S.
 The design that turns the estimates into (x*, y*) is `design`: 'paper' (J above, the
 closed form) or 'long_run' (J with the buffer term summed over the steps a rollout lives
 in, 1 instead of 1 / x: y* = sqrt(mu / (1 + rho)); `long_run_design` derives it).
-The plan (x*, y*) is recomputed every `update_every` observed steps. Rollouts dropped as
-zero-advantage make the real R smaller than planned; the plan ignores that.
+  kept: the fraction f of generated rollouts that enter the buffer (the rest are dropped
+    as zero-advantage groups): kept / generated over the window's generating steps, then
+    an EMA, clipped to `kept_range`. Dropped rollouts cost generation and add no noise to
+    the buffer, so both designs see the buffer term over f R rollouts (`optimal_design`,
+    `long_run_design`), and the ring's lifetime is capacity / (f R) generations.
+The plan (x*, y*) is recomputed every `update_every` observed steps.
 """
 
 from __future__ import annotations
@@ -89,34 +93,53 @@ import optax
 # ------------------------------------------------------------------ the optimal design
 
 
-def design_objective(x: float, y: float, *, mu: float, rho: float, alpha: float) -> float:
-    """J(x, y) with sigma(x) = x^alpha (tau = 1: tau only scales J)."""
-    return x ** (2 * alpha) * (1 + y / mu) * (1 / y + 1 / x + rho)
+def design_objective(
+    x: float, y: float, *, mu: float, rho: float, alpha: float, kept: float = 1.0
+) -> float:
+    """J(x, y) with sigma(x) = x^alpha (tau = 1: tau only scales J); `kept` the fraction
+    of generated rollouts that enter the buffer (the buffer holds kept x R of them)."""
+    return x ** (2 * alpha) * (1 + y / mu) * (1 / y + 1 / (kept * x) + rho)
 
 
-def optimal_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
+def _check_kept(kept: float):
+    if not 0 < kept <= 1:
+        raise ValueError(f"need 0 < kept <= 1; got kept={kept}")
+
+
+def optimal_design(mu: float, rho: float, alpha: float, kept: float = 1.0) -> tuple[float, float]:
     """The closed-form minimiser (x*, y*) of J; x* is inf when alpha <= 0 (no variance
-    growth, or a decrease: J falls with x, keep everything; then y* = sqrt(mu / rho))."""
+    growth, or a decrease: J falls with x, keep everything; then y* = sqrt(mu / rho)).
+
+    With a kept fraction f < 1, J(x, y; mu, rho) = J(x, z; mu / f, f rho) / f for z = y / f
+    (the batch over the rollouts kept per generation): the design is the f = 1 one at
+    (mu / f, f rho), with y* = f z*. That leaves y* as it was and makes x* 1 / f times
+    longer: the buffer holds as many kept rollouts as it would without drops."""
     if not (mu > 0 and rho >= 0 and alpha < 0.5) or (alpha <= 0 and rho == 0):
         raise ValueError(
             f"need mu > 0, rho >= 0, alpha < 1/2, and rho > 0 when alpha <= 0; got "
             f"mu={mu}, rho={rho}, alpha={alpha}"
         )
+    _check_kept(kept)
+    mu, rho = mu / kept, rho * kept
     if alpha <= 0:
-        return math.inf, math.sqrt(mu / rho)
+        return math.inf, kept * math.sqrt(mu / rho)
     root = math.sqrt(alpha**2 + mu * rho * (1 - 2 * alpha))
-    y = mu * (1 - 2 * alpha) / (alpha + root)
-    return y**2 / (2 * alpha * (mu + y)), y
+    z = mu * (1 - 2 * alpha) / (alpha + root)
+    return z**2 / (2 * alpha * (mu + z)), kept * z
 
 
-def long_run_objective(x: float, y: float, *, mu: float, rho: float, alpha: float) -> float:
-    """J with the long-run variance of the step gradient: the buffer term 1 in place of
-    1 / x (see `long_run_design`). x matters through sigma^2(x) = x^(2 alpha) alone."""
-    return x ** (2 * alpha) * (1 + y / mu) * (1 / y + 1 + rho)
+def long_run_objective(
+    x: float, y: float, *, mu: float, rho: float, alpha: float, kept: float = 1.0
+) -> float:
+    """J with the long-run variance of the step gradient: the buffer term 1 / kept in
+    place of 1 / (kept x) (see `long_run_design`). x matters through sigma^2(x) =
+    x^(2 alpha) alone."""
+    return x ** (2 * alpha) * (1 + y / mu) * (1 / y + 1 / kept + rho)
 
 
-def long_run_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
-    """Minimiser (x*, y*) of `long_run_objective`: y* = sqrt(mu / (1 + rho)); x* = inf when
+def long_run_design(mu: float, rho: float, alpha: float, kept: float = 1.0) -> tuple[float, float]:
+    """Minimiser (x*, y*) of `long_run_objective`: y* = sqrt(mu / (1 / f + rho)) for the
+    kept fraction f (sqrt(mu / (1 + rho)) when every rollout is kept); x* = inf when
     alpha <= 0 (stale rollouts no noisier: keep them all) and 1 otherwise (as short as
     allowed: the controller keeps at least two generations).
 
@@ -133,12 +156,18 @@ def long_run_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
     rollout's life the buffer term is 1, not 1 / x, and dJ/dy = 0 gives y^2 = mu / (1 +
     rho): replay pays off while a reused sample costs (B / mu) less than a fresh one's
     noise is worth, independent of the horizon.
+
+    Dropped rollouts (zero-advantage groups, `replay.drop_zero_advantage`) cost their
+    generation and never enter the buffer: of the R generated per generation only f R
+    carry noise into it, so the buffer term is 1 / f in units of the R generated, and
+    y^2 = mu / (1 / f + rho).
     """
     if not (mu > 0 and rho >= 0 and alpha < 0.5):
         raise ValueError(
             f"need mu > 0, rho >= 0, alpha < 1/2; got mu={mu}, rho={rho}, alpha={alpha}"
         )
-    return (math.inf if alpha <= 0 else 1.0), math.sqrt(mu / (1 + rho))
+    _check_kept(kept)
+    return (math.inf if alpha <= 0 else 1.0), math.sqrt(mu / (1 / kept + rho))
 
 
 DESIGNS = {"paper": optimal_design, "long_run": long_run_design}
@@ -163,22 +192,23 @@ def _golden_section(f, lo: float, hi: float, iterations: int = 120) -> float:
 
 
 def numeric_optimal_design(
-    mu: float, rho: float, alpha: float, bounds: tuple[float, float] = (1e-4, 1e6)
+    mu: float,
+    rho: float,
+    alpha: float,
+    kept: float = 1.0,
+    bounds: tuple[float, float] = (1e-4, 1e6),
 ) -> tuple[float, float]:
     """Minimises J numerically: golden section over log x of min over log y (J is
     unimodal in log y for fixed x, and so is the profile in log x when alpha < 1/2)."""
     lo, hi = math.log(bounds[0]), math.log(bounds[1])
+    j = lambda x, y: design_objective(x, y, mu=mu, rho=rho, alpha=alpha, kept=kept)
 
     def best_log_y(log_x):
         x = math.exp(log_x)
-        return _golden_section(
-            lambda ly: design_objective(x, math.exp(ly), mu=mu, rho=rho, alpha=alpha), lo, hi
-        )
+        return _golden_section(lambda ly: j(x, math.exp(ly)), lo, hi)
 
     def profile(log_x):
-        return design_objective(
-            math.exp(log_x), math.exp(best_log_y(log_x)), mu=mu, rho=rho, alpha=alpha
-        )
+        return j(math.exp(log_x), math.exp(best_log_y(log_x)))
 
     log_x = _golden_section(profile, lo, hi)
     return math.exp(log_x), math.exp(best_log_y(log_x))
@@ -275,10 +305,12 @@ class AutoReplayController:
         "alpha_init",
         "rho_init",
         "mu_init",
+        "kept_init",
         "ema",
         "alpha_range",
         "rho_range",
         "mu_range",
+        "kept_range",
         "max_period",
         "min_horizon",
         "warmup",
@@ -296,10 +328,12 @@ class AutoReplayController:
         alpha_init: float = 0.25,
         rho_init: float = 0.1,
         mu_init: float = 1.0,
+        kept_init: float = 1.0,
         ema: float = 0.8,
         alpha_range: tuple[float, float] = (-0.45, 0.45),
         rho_range: tuple[float, float] = (1e-3, 1e3),
         mu_range: tuple[float, float] = (1e-2, 1e3),
+        kept_range: tuple[float, float] = (0.05, 1.0),
         max_period: int = 8,
         min_horizon: int = 2,
         warmup: int = 1,
@@ -320,10 +354,12 @@ class AutoReplayController:
         self.mu_override = mu_override if mu_override and mu_override > 0 else None
         self.update_every = update_every
         self.alpha_init, self.rho_init, self.mu_init = alpha_init, rho_init, mu_init
+        self.kept_init = kept_init
         self.ema = ema
         self.alpha_range = tuple(alpha_range)
         self.rho_range = tuple(rho_range)
         self.mu_range = tuple(mu_range)
+        self.kept_range = tuple(kept_range)
         self.max_period = max_period
         self.min_horizon = min_horizon
         # Warm-up observations of each timer are skipped (they include compilation).
@@ -336,6 +372,7 @@ class AutoReplayController:
         # Estimates.
         self.alpha = alpha_init
         self.rho = rho_init
+        self.kept = kept_init
         # Regression through the origin: decayed data sums; the prior is one fixed
         # pseudo-point at u = log 2.
         self.reg_uu = 0.0
@@ -346,6 +383,9 @@ class AutoReplayController:
         self.window_steps = 0
         self.mixed = dict.fromkeys(STAT_KEYS, 0.0)
         self.mixed_steps = 0
+        # Rollouts kept / generated over the window's generating steps.
+        self.window_kept = 0
+        self.window_generated = 0
         self.observed = 0
         # Plan and the generation credit.
         self.credit = 1.0
@@ -384,8 +424,18 @@ class AutoReplayController:
 
     # ------------------------------------------------------------- observations
 
-    def observe(self, gen_s: float | None = None, train_s: float | None = None, stats=None):
-        """Feeds one step's timings (seconds of this step) and half-batch statistics."""
+    def observe(
+        self,
+        gen_s: float | None = None,
+        train_s: float | None = None,
+        stats=None,
+        kept: int | None = None,
+    ):
+        """Feeds one step's timings (seconds of this step), half-batch statistics and, on
+        generating steps, how many of the R fresh rollouts entered the buffer."""
+        if kept is not None:
+            self.window_kept += int(kept)
+            self.window_generated += self.rollouts_per_generation
         if gen_s is not None:
             self.gen_seen += 1
             if self.gen_seen > self.warmup:
@@ -447,13 +497,18 @@ class AutoReplayController:
         self.window_steps = 0
         self.mixed = dict.fromkeys(STAT_KEYS, 0.0)
         self.mixed_steps = 0
+        if self.window_generated:
+            kept = _clip(self.window_kept / self.window_generated, *self.kept_range)
+            self.kept = self._smooth(self.kept, kept)
+        self.window_kept = self.window_generated = 0
 
     def _plan(self):
-        x, y = DESIGNS[self.design](self.mu, self.rho, self.alpha)
+        x, y = DESIGNS[self.design](self.mu, self.rho, self.alpha, self.kept)
         self.x_opt, self.y_opt = x, y
         r, b = self.rollouts_per_generation, self.batch_size
         self.period = _clip(y * r / b, 1.0, float(self.max_period))
-        longest = self.period * self.capacity / r  # steps a rollout survives in the ring
+        # Steps a rollout survives in the ring: kept R enter it per generation.
+        longest = self.period * self.capacity / (self.kept * r)
         shortest = max(self.period + 1, float(self.min_horizon))
         self.horizon = _clip(x, min(shortest, longest), longest)
 
@@ -464,6 +519,7 @@ class AutoReplayController:
             "auto_mu": self.mu,
             "auto_alpha": self.alpha,
             "auto_rho": self.rho,
+            "auto_kept": self.kept,
             "auto_y": self.period * self.batch_size / self.rollouts_per_generation,
             "auto_x": self.horizon,
             "auto_y_opt": self.y_opt,
@@ -476,7 +532,7 @@ class AutoReplayController:
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state (for checkpoints)."""
         state = {k: getattr(self, k) for k in self._CONFIG}
-        for k in ("alpha_range", "rho_range", "mu_range"):
+        for k in ("alpha_range", "rho_range", "mu_range", "kept_range"):
             state[k] = list(state[k])
         state.update(
             gen_per_rollout=self.gen_per_rollout,
@@ -485,6 +541,9 @@ class AutoReplayController:
             train_seen=self.train_seen,
             alpha=self.alpha,
             rho=self.rho,
+            kept=self.kept,
+            window_kept=self.window_kept,
+            window_generated=self.window_generated,
             reg_uu=self.reg_uu,
             reg_uv=self.reg_uv,
             window=dict(self.window),
@@ -500,7 +559,9 @@ class AutoReplayController:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AutoReplayController:
-        controller = cls(**{k: state[k] for k in cls._CONFIG})
+        # A state saved before the kept fraction was estimated lacks its keys; the defaults
+        # (every rollout kept) are what that controller planned with.
+        controller = cls(**{k: state[k] for k in cls._CONFIG if k in state})
         for k in (
             "gen_per_rollout",
             "train_per_rollout",
@@ -518,6 +579,9 @@ class AutoReplayController:
             "last_generate",
         ):
             setattr(controller, k, state[k])
+        for k in ("kept", "window_kept", "window_generated"):
+            if k in state:
+                setattr(controller, k, state[k])
         controller.window = dict(state["window"])
         controller.mixed = dict(state["mixed"])
         controller._plan()

@@ -594,6 +594,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
                 gen_s=gen_s if generate else None,
                 train_s=train_s,
                 stats={k: step_metrics[k] for k in auto_replay.STAT_KEYS},
+                kept=int(record["rollouts_kept"]) if generate else None,
             )
             record.update(auto.metrics(), auto_max_age=max_age)  # the limit this step used
         done = step + 1

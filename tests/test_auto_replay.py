@@ -22,19 +22,43 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize(
-    "mu, rho, alpha",
-    [(6.0, 0.1, 0.25), (0.4, 0.1, 0.25), (6.0, 1.0, 0.1), (10.0, 0.01, 0.4), (6.0, 0.0, 0.2)],
+    "mu, rho, alpha, kept",
+    [
+        (6.0, 0.1, 0.25, 1.0),
+        (0.4, 0.1, 0.25, 1.0),
+        (6.0, 1.0, 0.1, 1.0),
+        (10.0, 0.01, 0.4, 1.0),
+        (6.0, 0.0, 0.2, 1.0),
+        (6.0, 0.1, 0.25, 0.6),
+        (6.0, 0.02, 0.1, 0.3),
+    ],
 )
-def test_closed_form_matches_the_numeric_minimiser(mu, rho, alpha):
-    x, y = optimal_design(mu, rho, alpha)
-    x_num, y_num = numeric_optimal_design(mu, rho, alpha)
+def test_closed_form_matches_the_numeric_minimiser(mu, rho, alpha, kept):
+    x, y = optimal_design(mu, rho, alpha, kept)
+    x_num, y_num = numeric_optimal_design(mu, rho, alpha, kept)
     np.testing.assert_allclose([x, y], [x_num, y_num], rtol=1e-5)
-    # The paper's first-order condition in y holds at the optimum.
-    np.testing.assert_allclose(y, math.sqrt(mu / (rho + 1 / x)), rtol=1e-9)
+    # The first-order condition in y holds at the optimum: y^2 = mu / (rho + 1 / (f x)).
+    np.testing.assert_allclose(y, math.sqrt(mu / (rho + 1 / (kept * x))), rtol=1e-9)
     # And it is a minimum: J is larger a little away in each direction.
-    j = auto_replay.design_objective(x, y, mu=mu, rho=rho, alpha=alpha)
+    j = lambda x_, y_: auto_replay.design_objective(x_, y_, mu=mu, rho=rho, alpha=alpha, kept=kept)
     for dx, dy in ((1.1, 1), (0.9, 1), (1, 1.1), (1, 0.9)):
-        assert auto_replay.design_objective(x * dx, y * dy, mu=mu, rho=rho, alpha=alpha) > j
+        assert j(x * dx, y * dy) > j(x, y)
+
+
+def test_dropped_rollouts_in_each_design():
+    """Rollouts that never enter the buffer cost generation and add no buffer noise. In
+    the paper's J the buffer term 1 / (f x) is all they change: the same y*, and a horizon
+    1 / f times longer, so the buffer holds as many kept rollouts. In the long-run design
+    the buffer term is 1 / f: each generated rollout is worth less, and y* is lower."""
+    (x1, y1), (x2, y2) = optimal_design(6.0, 0.05, 0.2), optimal_design(6.0, 0.05, 0.2, 0.6)
+    assert y2 == pytest.approx(y1) and x2 == pytest.approx(x1 / 0.6)
+    x, y = optimal_design(6.0, 0.05, -0.3, 0.6)  # alpha <= 0: y* = sqrt(mu / rho) as before
+    assert x == math.inf and y == pytest.approx(math.sqrt(6.0 / 0.05))
+    ys = [auto_replay.long_run_design(6.0, 0.05, 0.2, kept)[1] for kept in (1.0, 0.6, 0.3)]
+    assert ys[0] > ys[1] > ys[2]
+    assert ys[1] == pytest.approx(math.sqrt(6.0 / (1 / 0.6 + 0.05)))
+    with pytest.raises(ValueError, match="kept"):
+        auto_replay.long_run_design(6.0, 0.05, 0.2, 0.0)
 
 
 def test_hand_checked_design_and_limits():
@@ -65,11 +89,16 @@ def test_no_variance_growth_or_a_decrease_keeps_everything():
         optimal_design(6.0, 0.0, -0.1)
 
 
-@pytest.mark.parametrize("mu, rho, alpha", [(6.0, 0.005, -0.4), (6.0, 0.5, 0.2), (0.5, 2.0, 0.0)])
-def test_long_run_design_minimises_its_objective(mu, rho, alpha):
-    x, y = auto_replay.long_run_design(mu, rho, alpha)
-    assert y == pytest.approx(math.sqrt(mu / (1 + rho)))
-    j = lambda x_, y_: auto_replay.long_run_objective(x_, y_, mu=mu, rho=rho, alpha=alpha)
+@pytest.mark.parametrize(
+    "mu, rho, alpha, kept",
+    [(6.0, 0.005, -0.4, 1.0), (6.0, 0.5, 0.2, 1.0), (0.5, 2.0, 0.0, 1.0), (6.0, 0.01, -0.3, 0.65)],
+)
+def test_long_run_design_minimises_its_objective(mu, rho, alpha, kept):
+    x, y = auto_replay.long_run_design(mu, rho, alpha, kept)
+    assert y == pytest.approx(math.sqrt(mu / (1 / kept + rho)))
+    j = lambda x_, y_: auto_replay.long_run_objective(
+        x_, y_, mu=mu, rho=rho, alpha=alpha, kept=kept
+    )
     x_at = 16.0 if x == math.inf else x
     for dy in (1.1, 0.9, 2.0, 0.5):
         assert j(x_at, y * dy) > j(x_at, y)
@@ -80,22 +109,25 @@ def test_long_run_design_minimises_its_objective(mu, rho, alpha):
         assert x == 1.0 and j(8.0, y) > j(1.0, y)
 
 
-def test_long_run_variance_of_a_fifo_buffer_matches_the_derivation():
-    """Monte Carlo of the buffer's noise: R fresh unit-variance rollouts a step, FIFO of
-    N = x R, B = y R draws with replacement a step. The step errors summed over T steps
-    have variance T / R (1 / y + 1) (long_run_design), not the T / R (1 / y + 1 / x) that
-    independent steps would give."""
+@pytest.mark.parametrize("generated", [4, 8])
+def test_long_run_variance_of_a_fifo_buffer_matches_the_derivation(generated):
+    """Monte Carlo of the buffer's noise: R generated rollouts a step of which k = f R
+    (unit variance) are kept, a FIFO of N = x k, B = y R draws with replacement a step.
+    The step errors summed over T steps have variance T / R (1 / y + 1 / f)
+    (long_run_design), not the T / R (1 / y + 1 / (f x)) that independent steps would
+    give."""
     rng = np.random.default_rng(0)
-    trials, steps, r, x, y = 400, 400, 4, 8, 2
-    n, b = x * r, y * r
-    noise = rng.standard_normal((trials, steps + x, r))
+    trials, steps, k, x, y = 400, 400, 4, 8, 2
+    f = k / generated
+    n, b = x * k, y * generated
+    noise = rng.standard_normal((trials, steps + x, k))
     draws = rng.integers(0, n, (trials, steps, b))
-    generation = np.arange(steps)[None, :, None] + x - 1 - draws // r  # newest = t + x - 1
-    errors = noise[np.arange(trials)[:, None, None], generation, draws % r].mean(axis=2)
-    per_step = errors.var(axis=(0, 1)) * r
-    long_run = errors.sum(axis=1).var() * r / steps
-    assert per_step == pytest.approx(1 / y + 1 / x, rel=0.05)
-    assert long_run == pytest.approx(1 / y + 1, rel=0.1)
+    generation = np.arange(steps)[None, :, None] + x - 1 - draws // k  # newest = t + x - 1
+    errors = noise[np.arange(trials)[:, None, None], generation, draws % k].mean(axis=2)
+    per_step = errors.var(axis=(0, 1)) * generated
+    long_run = errors.sum(axis=1).var() * generated / steps
+    assert per_step == pytest.approx(1 / y + 1 / (f * x), rel=0.05)
+    assert long_run == pytest.approx(1 / y + 1 / f, rel=0.1)
 
 
 def test_controller_plans_with_the_chosen_design():
@@ -117,6 +149,33 @@ def test_controller_plans_with_the_chosen_design():
     assert long_run["auto_x"] == pytest.approx(4096 / 16 * long_run["auto_period"])
     with pytest.raises(ValueError, match="design"):
         AutoReplayController(rollouts_per_generation=16, batch_size=32, capacity=64, design="x")
+
+
+def test_controller_estimates_the_kept_fraction_and_plans_with_it():
+    controller = AutoReplayController(
+        rollouts_per_generation=16,
+        batch_size=32,
+        capacity=4096,
+        mu_override=6.0,
+        design="long_run",
+        ema=0.0,
+    )
+    controller.alpha, controller.rho = -0.3, 0.005
+    controller._plan()
+    assert controller.kept == 1.0
+    full = controller.metrics()
+    for step in range(10):  # 6 of 16 kept on the generating steps (every other one)
+        controller.observe(kept=6 if step % 2 == 0 else None)
+    m = controller.metrics()
+    assert m["auto_kept"] == pytest.approx(6 / 16)
+    assert m["auto_y_opt"] == pytest.approx(math.sqrt(6.0 / (16 / 6 + 0.005)))
+    assert m["auto_y_opt"] < full["auto_y_opt"]
+    # The ring holds N / (f R) generations, period steps apart.
+    assert m["auto_x"] == pytest.approx(4096 / 6 * m["auto_period"])
+    # No rollout kept in a window: clipped to the range, not zero.
+    for _ in range(10):
+        controller.observe(kept=0)
+    assert controller.kept == controller.kept_range[0]
 
 
 # ---------------------------------------------------------------- estimators
@@ -239,9 +298,17 @@ def test_state_round_trip_through_json():
     for step in range(5, 40):
         stats = synthetic_stats(rng, alpha=0.2, signal=0.01)
         assert restored.should_generate(step) == controller.should_generate(step)
-        restored.observe(gen_s=0.4, train_s=0.2, stats=stats)
-        controller.observe(gen_s=0.4, train_s=0.2, stats=stats)
+        restored.observe(gen_s=0.4, train_s=0.2, stats=stats, kept=step % 32)
+        controller.observe(gen_s=0.4, train_s=0.2, stats=stats, kept=step % 32)
     assert restored.metrics() == controller.metrics()
+    assert controller.kept < 1.0
+    # A state saved before the kept fraction was estimated restores with every rollout kept.
+    old = {
+        k: v
+        for k, v in controller.state_dict().items()
+        if k not in ("kept", "kept_init", "kept_range", "window_kept", "window_generated")
+    }
+    assert AutoReplayController.from_state_dict(old).kept == 1.0
 
 
 # ------------------------------------------------------------ half-batch statistics
