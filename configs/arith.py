@@ -154,10 +154,11 @@ def get_config(arg=None):
     # Auto mode never plans a replay ratio y = B / R above this (it generates at least
     # every floor(auto_max_y R / B) steps).
     c.replay.auto_max_y = 8.0
-    # How auto mode turns its estimates into (x, y): 'paper' (the paper's J) or 'long_run'
-    # (J with the buffer noise summed over the steps a rollout lives in: y* = sqrt(mu /
-    # (1 + rho)); replax/auto_replay.py derives it).
-    c.replay.auto_design = "paper"
+    # How auto mode turns its estimates into (x, y): 'long_run' (J with the buffer noise
+    # summed over the steps a rollout lives in: y* = sqrt(mu / (1/f + rho)), f the kept
+    # fraction; replax/auto_replay.py derives it) or 'paper' (the paper's J as written,
+    # which over-reuses on the embedded task: README, "Auto mode").
+    c.replay.auto_design = "long_run"
 
     # The objective on (possibly stale) rollouts.
     c.loss = ml_collections.ConfigDict()

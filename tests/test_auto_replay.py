@@ -472,7 +472,8 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
     assert generated[0] == 1 and 2 <= sum(generated) < 8
     assert records[-1]["gen_rollouts"] == 8 * sum(generated)
     assert records[-1]["train_rollouts"] == 16 * 8
-    for key in ("auto_mu", "auto_alpha", "auto_rho", "auto_y", "auto_x", *auto_replay.STAT_KEYS):
+    keys = ("auto_mu", "auto_alpha", "auto_rho", "auto_kept", "auto_y", "auto_x")
+    for key in (*keys, *auto_replay.STAT_KEYS):
         assert key in records[-1], key
     assert records[-1]["auto_mu"] == 20.0
     assert all(r["replay_age_max"] <= r["auto_max_age"] for r in records)
