@@ -72,7 +72,8 @@ finite-buffer (1/x) noise does not enter S.
     period. Windowed sums, then an EMA, clipped to [rho_min, rho_max].
 The design that turns the estimates into (x*, y*) is `design`: 'paper' (J above, the
 closed form) or 'long_run' (J with the buffer term summed over the steps a rollout lives
-in, 1 instead of 1 / x: y* = sqrt(mu / (1 + rho)); `long_run_design` derives it).
+in, 1 / f instead of 1 / (f x), f the kept fraction below: y* = sqrt(mu / (1 / f + rho));
+`long_run_design` derives it).
   kept: the fraction f of generated rollouts that enter the buffer (the rest are dropped
     as zero-advantage groups): kept / generated over the window's generating steps, then
     an EMA, clipped to `kept_range`. Dropped rollouts cost generation and add no noise to
