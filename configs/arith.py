@@ -28,6 +28,7 @@ Variants:
 import ml_collections
 
 from replax.config_utils import parse_variant
+from replax.sharding import DEFAULT_RULES
 
 VARIANTS = ("replay", "onpolicy")
 
@@ -35,7 +36,6 @@ VARIANTS = ("replay", "onpolicy")
 def get_config(arg=None):
     variant = parse_variant(arg, VARIANTS, default="replay")
     c = ml_collections.ConfigDict()
-    c.variant = variant
     # Seed of everything random: init, data order, sampling.
     c.seed = 0
     # RL steps (one optimizer step each).
@@ -59,21 +59,19 @@ def get_config(arg=None):
     c.model.qk_norm = False
     c.model.param_dtype = "float32"
     c.model.dtype = "float32"
+    # The starting policy: 'warmstart' (supervised, below) or 'random'.
+    c.model.init = "warmstart"
 
-    # Device mesh (data, fsdp, tensor); -1 takes the remaining devices. Logical-axis rules.
+    # Text <-> token ids: 'byte' (one token per UTF-8 byte, plus BOS / EOS / pad).
+    c.tokenizer = ml_collections.ConfigDict()
+    c.tokenizer.name = "byte"
+
+    # Device mesh (data, fsdp, tensor); -1 takes the remaining devices.
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (-1, 1, 1)
-    c.mesh.rules = (
-        ("batch", ("data", "fsdp")),
-        ("buffer", ("data", "fsdp")),
-        ("length", None),
-        ("embed", "fsdp"),
-        ("heads", "tensor"),
-        ("kv_heads", "tensor"),
-        ("head_dim", None),
-        ("mlp", "tensor"),
-        ("vocab", "tensor"),
-    )
+    # Logical axis -> mesh axes (replax.sharding.DEFAULT_RULES: batch and buffer over
+    # data x fsdp, embed over fsdp, heads / mlp / vocab over tensor).
+    c.mesh.rules = DEFAULT_RULES
 
     # The verifiable-reward task and where its ArrayRecord data is built.
     c.task = ml_collections.ConfigDict()
@@ -92,18 +90,17 @@ def get_config(arg=None):
     # Directory of TFDS-built data; empty means WORKDIR/data.
     c.task.data_dir = ""
 
-    # Warm start: SFT on worked answers until held-out accuracy is in [min, max]. From a
+    # Warm start (model.init='warmstart'): SFT on worked answers until held-out accuracy,
+    # measured on the eval.num_prompts evaluation prompts, is in [min, max]. From a
     # 30% base, RL's groups mostly carry signal; measured from an 18% base, replay and
     # on-policy both gained about 20 points in the same budget (README).
     c.warmstart = ml_collections.ConfigDict()
-    c.warmstart.enabled = True
     c.warmstart.min_accuracy = 0.30
     c.warmstart.max_accuracy = 0.40
     c.warmstart.max_steps = 4000
     c.warmstart.batch_size = 64
     c.warmstart.learning_rate = 1e-3
     c.warmstart.eval_every = 25
-    c.warmstart.eval_prompts = 256
     # Where the base checkpoint is cached; empty means WORKDIR/base. Runs that share a
     # seed and model can share one (scripts/compare.py does).
     c.warmstart.cache_dir = ""

@@ -1,8 +1,9 @@
-"""Helpers shared by config files and scripts: variant parsing and config validation.
+"""Small helpers for config files and config checks: variant parsing, ConfigError and
+the one-line checks `replax.configuration.validate` is written with.
 
-Only scripts and the trainer read a ConfigDict; library code takes keyword arguments or
-small frozen dataclasses. Validation runs before any compute and raises ConfigError with
-one line naming the key and what is allowed.
+Only scripts, the trainer and `replax.configuration` read a ConfigDict; library code
+takes keyword arguments or small frozen dataclasses. Checks run before any compute and
+raise ConfigError with one line naming the key and what is allowed.
 """
 
 from __future__ import annotations
@@ -43,10 +44,3 @@ def get(config: ml_collections.ConfigDict, key: str):
     for part in key.split("."):
         node = node[part]
     return node
-
-
-def auto_max_period(config: ml_collections.ConfigDict) -> int:
-    """The longest generation period auto mode may plan: steps between generations that
-    keep the replay ratio B x period / R at most replay.auto_max_y (at least 1)."""
-    r = config.rollout.prompts_per_step * config.rollout.group_size
-    return max(1, int(config.replay.get("auto_max_y", 8.0) * r / config.train.batch_size))

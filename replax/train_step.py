@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from replax import auto_replay, objectives, sharding
 from replax import model as model_lib
+from replax import objectives, sharding
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -89,14 +89,8 @@ class TrainState:
     reference_params: Any = None
 
 
-def init_train_state(
-    model: nn.Module, optimizer, rng, mesh, rules, *, with_reference=False, params=None
-):
-    """Initialises (or places given) params and optimizer state sharded on the mesh.
-
-    Returns (state, state_shardings). The shardings come from the parameters' logical
-    axis names through the rule table; the optimizer state follows its parameters.
-    """
+def _init_fn(model: nn.Module, optimizer, with_reference: bool):
+    """rng -> a fresh TrainState with boxed (logically annotated) params."""
     dummy = jnp.zeros((1, 8), jnp.int32)
 
     def init(rng):
@@ -108,8 +102,25 @@ def init_train_state(
             reference_params=boxed if with_reference else None,
         )
 
-    abstract = jax.eval_shape(init, rng)
-    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
+    return init
+
+
+def train_state_shardings(model: nn.Module, optimizer, mesh, rules, *, with_reference=False):
+    """The NamedShardings of a TrainState, from the parameters' logical axis names through
+    the rule table (the optimizer state follows its parameters); computes no array."""
+    abstract = jax.eval_shape(_init_fn(model, optimizer, with_reference), jax.random.key(0))
+    return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
+
+
+def init_train_state(
+    model: nn.Module, optimizer, rng, mesh, rules, *, with_reference=False, params=None
+):
+    """Initialises (or places given) params and optimizer state sharded on the mesh.
+
+    Returns (state, state_shardings); see `train_state_shardings`.
+    """
+    init = _init_fn(model, optimizer, with_reference)
+    shardings = train_state_shardings(model, optimizer, mesh, rules, with_reference=with_reference)
     with sharding.activation_rules(mesh, rules):
         if params is None:
             state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(rng)
@@ -129,23 +140,11 @@ def init_train_state(
     return state, shardings
 
 
-BATCH_KEYS = (
-    "tokens",
-    "attention_mask",
-    "loss_mask",
-    "behaviour_logprobs",
-    "advantage",
-    "reward",
-    "baseline",
-    "importance_weights",
-    "age",
-    "times_sampled",
-)
-
-
 def batch_shardings(mesh, rules, example_batch: dict[str, Any]):
+    """Shardings of a batch like example_batch (arrays or ShapeDtypeStructs, leading
+    batch axis): split over `batch`, the rest replicated."""
     return {
-        k: sharding.named(mesh, ("batch",) + (None,) * (jnp.ndim(v) - 1), rules)
+        k: sharding.named(mesh, ("batch",) + (None,) * (len(v.shape) - 1), rules)
         for k, v in example_batch.items()
     }
 
@@ -168,7 +167,7 @@ def make_train_step(
     taken at the same temperature, so on fresh rollouts pi / mu = 1 exactly.
     half_batch_stats: take the gradient as the mean of the freshest and the stalest half
     of the batch (one vmapped backward pass) and add their statistics (`halves_*`, see
-    `replax.auto_replay.half_batch_gradient_stats`) to the metrics; auto replay reads them.
+    `half_batch_gradient_stats`) to the metrics; auto replay reads them.
     """
     scale = 1.0 / temperature if temperature > 0 else 1.0
 
@@ -203,9 +202,7 @@ def make_train_step(
         # LOSS AND GRADIENT
         if half_batch_stats:
             grad_fn = lambda p, b: jax.grad(loss_fn, has_aux=True)(p, state.reference_params, b)
-            grads, metrics, halves = auto_replay.half_batch_gradient_stats(
-                grad_fn, state.params, batch
-            )
+            grads, metrics, halves = half_batch_gradient_stats(grad_fn, state.params, batch)
             metrics = {**metrics, **halves}
         else:
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -227,3 +224,39 @@ def make_train_step(
         return new_state, metrics
 
     return sharding.jit_state_step(step, mesh, rules, state_shardings, batch_sharding)
+
+
+def half_batch_gradient_stats(grad_fn, params, batch):
+    """Gradient of the batch as the mean of its freshest and stalest halves.
+
+    grad_fn(params, batch) -> (grads, metrics): the gradient (and scalar metrics) of a
+    batch; it is vmapped over the two halves, so the backward cost is that of one batch.
+    batch: dict of arrays with leading axis B (even), including `age` int[B].
+    Returns (grads, metrics, stats): grads the mean of the halves' gradients (equal to the
+    batch gradient for a per-sequence mean loss; for a token mean, each half's tokens are
+    averaged separately); metrics averaged over the halves (`*_max` keys: max); stats the
+    scalars that auto replay estimates its design from (docs/auto_replay.md): cross,
+    noise_fresh, noise_stale, age_fresh, age_stale, prefixed `halves_`).
+    """
+    age = batch["age"]
+    batch_size = age.shape[0]
+    if batch_size % 2:
+        raise ValueError(f"half_batch_gradient_stats: batch size {batch_size} is odd")
+    half = batch_size // 2
+    order = jnp.argsort(age, stable=True)  # freshest first
+    halves = jax.tree.map(lambda x: x[order].reshape(2, half, *x.shape[1:]), batch)
+    grads2, metrics2 = jax.vmap(grad_fn, in_axes=(None, 0))(params, halves)
+    grad_fresh = jax.tree.map(lambda g: g[0], grads2)
+    grad_stale = jax.tree.map(lambda g: g[1], grads2)
+    grads = jax.tree.map(lambda g: 0.5 * (g[0] + g[1]), grads2)
+    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in metrics2.items()}
+    cross = optax.tree_utils.tree_vdot(grad_fresh, grad_stale)
+    ages = halves["age"].astype(jnp.float32).mean(axis=1)  # [2]
+    stats = {
+        "halves_cross": cross,
+        "halves_noise_fresh": optax.tree_utils.tree_vdot(grad_fresh, grad_fresh) - cross,
+        "halves_noise_stale": optax.tree_utils.tree_vdot(grad_stale, grad_stale) - cross,
+        "halves_age_fresh": ages[0],
+        "halves_age_stale": ages[1],
+    }
+    return grads, metrics, stats

@@ -41,7 +41,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from replax import config_utils  # noqa: E402
+from replax import (
+    analysis,  # noqa: E402
+    config_utils,  # noqa: E402
+)
+from replax import configuration as cfg  # noqa: E402
 from replax import experiments as ex  # noqa: E402
 
 REFERENCE = "onpolicy"
@@ -150,7 +154,7 @@ class Plan:
     def _default_budget(self) -> int:
         reference = REFERENCE if REFERENCE in self.variants else self.variants[0]
         config = self._overridden(reference)
-        return config.total_steps * ex.rollouts_per_step(config)
+        return config.total_steps * cfg.rollouts_per_step(config)
 
     def config(self, variant: str, lr: float, seed: int):
         return ex.finalize_config(
@@ -167,7 +171,7 @@ class Plan:
         return os.path.join(self.workdir, "runs", variant, f"lr{lr:g}", f"seed{seed}")
 
     def validate(self):
-        from replax import trainer
+        from replax import configuration
 
         os.makedirs(os.path.join(self.workdir, "data"), exist_ok=True)
         final_prompts = self.args.final_pass_k_prompts
@@ -175,10 +179,10 @@ class Plan:
             for lr in self.lr_grid[v]:
                 config = self.config(v, lr, self.args.select_seed)
                 try:
-                    trainer.validate(config)
+                    configuration.validate(config)
                     if final_prompts:  # the final re-evaluation's config, too
                         config.eval.pass_k_prompts = final_prompts
-                        trainer.validate(config)
+                        configuration.validate(config)
                 except config_utils.ConfigError as e:
                     where = f" with --final_pass_k_prompts={final_prompts}" if final_prompts else ""
                     raise config_utils.ConfigError(f"variant {v}{where}: {e}") from None
@@ -201,8 +205,8 @@ def run_all(plan: Plan, log=print):
         for lr in plan.lr_grid[v]:
             workdir = plan.run_dir(v, lr, plan.args.select_seed)
             ex.ensure_run(plan.config(v, lr, plan.args.select_seed), workdir, log=log)
-            records, base = ex.load_run(workdir)
-            s = ex.summarize_run(records, base_accuracy=base)
+            records, base = analysis.load_run(workdir)
+            s = analysis.summarize_run(records, base_accuracy=base)
             grid.append({"lr": lr, **{k: s[k] for k in ("final_accuracy", "mean_accuracy")}})
         best = choose_lr(grid, plan.args.select_by)
         log(
@@ -225,19 +229,20 @@ def run_all(plan: Plan, log=print):
 def report(plan: Plan, results, *, mu_model: float, target: float | None):
     """compare.json's payload (without command and machine) and the curves to plot."""
     loaded = {
-        v: [(seed, *ex.load_run(d), d) for seed, d in res["runs"]] for v, res in results.items()
+        v: [(seed, *analysis.load_run(d), d) for seed, d in res["runs"]]
+        for v, res in results.items()
     }
     summaries = {
-        v: [ex.summarize_run(records, base_accuracy=base) for _, records, base, _ in runs]
+        v: [analysis.summarize_run(records, base_accuracy=base) for _, records, base, _ in runs]
         for v, runs in loaded.items()
     }
     mus = [s["mu_measured"] for ss in summaries.values() for s in ss if s["mu_measured"]]
-    mu_measured = ex.median(mus, none_is_inf=False)
+    mu_measured = analysis.median(mus, none_is_inf=False)
     steady = [s["mu_measured_steady"] for ss in summaries.values() for s in ss]
     if target is None:
         if REFERENCE not in summaries:
             raise config_utils.ConfigError(f"no {REFERENCE!r} variant: pass --target")
-        target = ex.median([s["final_accuracy"] for s in summaries[REFERENCE]])
+        target = analysis.median([s["final_accuracy"] for s in summaries[REFERENCE]])
         target_source = f"{REFERENCE} median final accuracy"
     else:
         target_source = "--target"
@@ -249,7 +254,7 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
         # Re-evaluations of the runs' last checkpoints (--final_pass_k_prompts), if any.
         finals = results[v].get("final_evals") or [{}] * len(runs)
         for (seed, records, base, _), s, final in zip(runs, summaries[v], finals):
-            hit = ex.to_target(
+            hit = analysis.to_target(
                 records,
                 target,
                 {"cost_to_target": mu_model, "cost_to_target_at_mu_measured": mu_for_measured},
@@ -263,17 +268,17 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
                     **s,
                     **hit,
                     "seed": seed,
-                    "total_cost": ex.modelled_cost(total, mu_model),
-                    "total_cost_at_mu_measured": ex.modelled_cost(total, mu_for_measured),
+                    "total_cost": analysis.modelled_cost(total, mu_model),
+                    "total_cost_at_mu_measured": analysis.modelled_cost(total, mu_for_measured),
                 }
             )
         config = plan.config(v, results[v]["lr"], plan.seeds[0])
         variants[v] = {
-            **ex.aggregate(per_seed, RUN_KEYS, never_keys=NEVER_KEYS),
+            **analysis.aggregate(per_seed, RUN_KEYS, never_keys=NEVER_KEYS),
             "lr": results[v]["lr"],
             "seeds": [s["seed"] for s in per_seed],
             "run_dirs": [os.path.relpath(d, plan.workdir) for *_, d in runs],
-            "R": ex.rollouts_per_step(config),
+            "R": cfg.rollouts_per_step(config),
             "B": config.train.batch_size,
             "N": config.replay.capacity,
             "total_steps": config.total_steps,
@@ -287,9 +292,9 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
                 ("inference_ratio", "compute_ratio", "compute_ratio_at_mu_measured")
             )
         return {
-            "inference_ratio": ex.ratio(cand["gen_tokens_to_target"], ref["gen_tokens"]),
-            "compute_ratio": ex.ratio(cand["cost_to_target"], ref["total_cost"]),
-            "compute_ratio_at_mu_measured": ex.ratio(
+            "inference_ratio": analysis.ratio(cand["gen_tokens_to_target"], ref["gen_tokens"]),
+            "compute_ratio": analysis.ratio(cand["cost_to_target"], ref["total_cost"]),
+            "compute_ratio_at_mu_measured": analysis.ratio(
                 cand["cost_to_target_at_mu_measured"], ref["total_cost_at_mu_measured"]
             ),
         }
@@ -301,7 +306,7 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
         "mu_model": mu_model,
         "mu_measured": mu_measured,
         # The same without the first step's seconds (compilation).
-        "mu_measured_steady": ex.median(steady, none_is_inf=False),
+        "mu_measured_steady": analysis.median(steady, none_is_inf=False),
         **ratios(CANDIDATE),
         "ratios": {v: ratios(v) for v in variants if v != REFERENCE},
         "lr_grid": {v: res["lr_grid"] for v, res in results.items()},
@@ -322,13 +327,13 @@ def table(payload) -> str:
         rows.append(
             [
                 v,
-                ex.fmt(s["lr"], "lr"),
-                ex.fmt(s["final_accuracy"], "pct"),
-                ex.fmt(s["pass_at_k"], "pct"),
-                ex.fmt(s["entropy"]),
-                ex.fmt(s["gen_tokens_to_target"], "int"),
-                ex.fmt(s["cost_to_target"], "int"),
-                ex.fmt(s["wall_s"], "int"),
+                analysis.fmt(s["lr"], "lr"),
+                analysis.fmt(s["final_accuracy"], "pct"),
+                analysis.fmt(s["pass_at_k"], "pct"),
+                analysis.fmt(s["entropy"]),
+                analysis.fmt(s["gen_tokens_to_target"], "int"),
+                analysis.fmt(s["cost_to_target"], "int"),
+                analysis.fmt(s["wall_s"], "int"),
             ]
         )
     header = [
@@ -344,11 +349,12 @@ def table(payload) -> str:
     notes = (
         f"\nTarget {100 * payload['target_accuracy']:.1f}% ({payload['target_source']}); "
         f"medians over seeds {payload['seeds']}. inference ratio "
-        f"{ex.fmt(payload['inference_ratio'])}, compute ratio {ex.fmt(payload['compute_ratio'])} "
-        f"at mu={payload['mu_model']:g}, {ex.fmt(payload['compute_ratio_at_mu_measured'])} at "
-        f"the measured mu={ex.fmt(payload['mu_measured'])}.\n"
+        f"{analysis.fmt(payload['inference_ratio'])}, compute ratio "
+        f"{analysis.fmt(payload['compute_ratio'])} at mu={payload['mu_model']:g}, "
+        f"{analysis.fmt(payload['compute_ratio_at_mu_measured'])} at "
+        f"the measured mu={analysis.fmt(payload['mu_measured'])}.\n"
     )
-    return ex.markdown_table(header, rows) + notes
+    return analysis.markdown_table(header, rows) + notes
 
 
 def plot(payload, curves, path: str) -> None:
@@ -360,7 +366,7 @@ def plot(payload, curves, path: str) -> None:
     mu = payload["mu_model"]
     axes_spec = [
         ("generated tokens", lambda r: r["gen_tokens"]),
-        (f"modelled cost, mu = {mu:g} (rollouts trained)", lambda r: ex.modelled_cost(r, mu)),
+        (f"modelled cost, mu = {mu:g} (rollouts trained)", lambda r: analysis.modelled_cost(r, mu)),
         ("wall-clock s", lambda r: r["wall_s"]),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -368,7 +374,9 @@ def plot(payload, curves, path: str) -> None:
     for i, (v, runs) in enumerate(curves.items()):
         colour = colours[i % len(colours)]
         for ax, (_, x) in zip(axes, axes_spec):
-            band = ex.median_band([ex.accuracy_curve(records, x, base) for records, base in runs])
+            band = analysis.median_band(
+                [analysis.accuracy_curve(records, x, base) for records, base in runs]
+            )
             if band is None:
                 continue
             grid, med, q1, q3 = band
@@ -391,7 +399,7 @@ def plot(payload, curves, path: str) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    t0, load_start = time.time(), ex.load_average()
+    t0, load_start = time.time(), analysis.load_average()
     try:
         args = parse_args(argv)
         plan = Plan(args)
@@ -406,12 +414,12 @@ def main(argv=None) -> int:
     payload, curves = report(plan, results, mu_model=args.mu_model, target=args.target)
     payload["command"] = shlex.join([os.path.basename(sys.executable), "scripts/compare.py", *argv])
     payload["machine"] = {
-        **ex.machine_info(),
+        **analysis.machine_info(),
         "load_average_start": load_start,
-        "load_average_end": ex.load_average(),
+        "load_average_end": analysis.load_average(),
     }
     payload["wall_s"] = time.time() - t0
-    ex.write_json(os.path.join(plan.workdir, "compare.json"), payload)
+    analysis.write_json(os.path.join(plan.workdir, "compare.json"), payload)
     plot(payload, curves, os.path.join(plan.workdir, "compare.png"))
     text = table(payload)
     with open(os.path.join(plan.workdir, "compare.md"), "w") as f:

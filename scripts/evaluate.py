@@ -27,11 +27,11 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
 
-    from replax import config_utils, experiments, trainer
+    from replax import config_utils, configuration, experiments
 
     config = _CONFIG.value
     try:
-        trainer.validate(config)
+        configuration.validate(config)
         metrics = experiments.evaluate_checkpoint(config, _WORKDIR.value)
     except config_utils.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -35,7 +35,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from replax import config_utils  # noqa: E402
+from replax import (
+    analysis,  # noqa: E402
+    config_utils,  # noqa: E402
+)
+from replax import configuration as cfg  # noqa: E402
 from replax import experiments as ex  # noqa: E402
 
 KEYS = (
@@ -122,7 +126,7 @@ class Sweep:
         if any(scope is not None for scope, _, _ in self.overrides):
             raise config_utils.ConfigError("sweep --override takes KEY=VALUE (no scope)")
         base = self.base_config()
-        self.r = ex.rollouts_per_step(base)
+        self.r = cfg.rollouts_per_step(base)
         cmp = self.compare or {}
         self.lr = args.lr or cmp.get("lr_chosen", {}).get(args.variant)
         self.lr = self.lr or base.optimizer.learning_rate
@@ -150,7 +154,7 @@ class Sweep:
         config = ex.load_config(self.args.config, reference)
         for _, key, value in self.overrides:
             ex.set_value(config, key, value)
-        return config.total_steps * ex.rollouts_per_step(config)
+        return config.total_steps * cfg.rollouts_per_step(config)
 
     def base_config(self):
         config = ex.load_config(self.args.config, self.args.variant)
@@ -214,12 +218,12 @@ class Sweep:
 
     def validate(self):
         """Marks cells the trainer rejects as infeasible (with the reason)."""
-        from replax import trainer
+        from replax import configuration
 
         os.makedirs(os.path.join(self.shared_dir, "data"), exist_ok=True)
         for cell in self.cells:
             try:
-                trainer.validate(self.config(cell, self.seeds[0]))
+                configuration.validate(self.config(cell, self.seeds[0]))
                 cell["feasible"], cell["reason"] = True, None
             except config_utils.ConfigError as e:
                 cell["feasible"], cell["reason"] = False, str(e)
@@ -238,13 +242,13 @@ def run_and_summarize(sweep: Sweep, log=print):
         for seed in sweep.seeds:
             workdir = sweep.run_dir(cell, seed)
             ex.ensure_run(sweep.config(cell, seed), workdir, log=log)
-            records, base = ex.load_run(workdir)
-            summary = ex.summarize_run(records, base_accuracy=base)
-            summary.update(ex.to_target(records, sweep.target, mus, base_accuracy=base))
+            records, base = analysis.load_run(workdir)
+            summary = analysis.summarize_run(records, base_accuracy=base)
+            summary.update(analysis.to_target(records, sweep.target, mus, base_accuracy=base))
             cell["runs"].append((seed, workdir, records, base, summary))
             if summary["mu_measured"]:
                 measured.append(summary["mu_measured"])
-    mu_measured = ex.median(measured, none_is_inf=False)
+    mu_measured = analysis.median(measured, none_is_inf=False)
     reference = (sweep.compare or {}).get("variants", {}).get("onpolicy", {})
     on_cost, on_tokens = reference.get("total_cost"), reference.get("gen_tokens")
     on_cost_measured = None
@@ -257,19 +261,21 @@ def run_and_summarize(sweep: Sweep, log=print):
             continue
         for _, _, records, base, summary in cell["runs"]:
             summary.update(
-                ex.to_target(
+                analysis.to_target(
                     records,
                     sweep.target,
                     {"cost_to_target_at_mu_measured": mu_measured or sweep.mu_model},
                     base_accuracy=base,
                 )
             )
-        cell.update(ex.aggregate([run[-1] for run in cell["runs"]], KEYS, never_keys=NEVER_KEYS))
-        cell["compute_ratio"] = ex.ratio(cell["cost_to_target"], on_cost)
-        cell["compute_ratio_at_mu_measured"] = ex.ratio(
+        cell.update(
+            analysis.aggregate([run[-1] for run in cell["runs"]], KEYS, never_keys=NEVER_KEYS)
+        )
+        cell["compute_ratio"] = analysis.ratio(cell["cost_to_target"], on_cost)
+        cell["compute_ratio_at_mu_measured"] = analysis.ratio(
             cell["cost_to_target_at_mu_measured"], on_cost_measured
         )
-        cell["inference_ratio"] = ex.ratio(cell["gen_tokens_to_target"], on_tokens)
+        cell["inference_ratio"] = analysis.ratio(cell["gen_tokens_to_target"], on_tokens)
         cell["run_dirs"] = [os.path.relpath(run[1], sweep.workdir) for run in cell["runs"]]
         del cell["runs"]
     done = [c for c in sweep.cells if c["feasible"]]
@@ -303,11 +309,13 @@ def table(payload) -> str:
                 _label(c["y"]),
                 c["overrides"]["train.batch_size"],
                 c["overrides"]["replay.capacity"],
-                ex.fmt(c.get("final_accuracy"), "pct") if feasible else "n/a",
-                ex.fmt(c.get("gen_tokens_to_target"), "int") if feasible else "n/a",
-                ex.fmt(c.get("cost_to_target"), "int") if feasible else "n/a",
-                ex.fmt(c.get("compute_ratio")) if feasible and c.get("compute_ratio") else "-",
-                ex.fmt(c.get("wall_s"), "int") if feasible else "n/a",
+                analysis.fmt(c.get("final_accuracy"), "pct") if feasible else "n/a",
+                analysis.fmt(c.get("gen_tokens_to_target"), "int") if feasible else "n/a",
+                analysis.fmt(c.get("cost_to_target"), "int") if feasible else "n/a",
+                analysis.fmt(c.get("compute_ratio"))
+                if feasible and c.get("compute_ratio")
+                else "-",
+                analysis.fmt(c.get("wall_s"), "int") if feasible else "n/a",
             ]
         )
     header = [
@@ -327,7 +335,7 @@ def table(payload) -> str:
         f"{100 * payload['target_accuracy']:.1f}% ({payload['target_source']}), seeds "
         f"{payload['seeds']}; best: {payload['best']}.\n"
     )
-    return ex.markdown_table(header, rows) + notes
+    return analysis.markdown_table(header, rows) + notes
 
 
 def plot(payload, path: str) -> None:
@@ -361,7 +369,7 @@ def plot(payload, path: str) -> None:
             ax.add_patch(
                 plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", color="grey")
             )
-            text, colour = f"never\n{ex.fmt(c.get('final_accuracy'), 'pct')}", "black"
+            text, colour = f"never\n{analysis.fmt(c.get('final_accuracy'), 'pct')}", "black"
         else:
             text = f"{c['cost_to_target']:,.0f}"
             if c.get("compute_ratio") is not None:
@@ -385,7 +393,7 @@ def plot(payload, path: str) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    t0, load_start = time.time(), ex.load_average()
+    t0, load_start = time.time(), analysis.load_average()
     try:
         args = parse_args(argv)
         sweep = Sweep(args)
@@ -399,12 +407,12 @@ def main(argv=None) -> int:
         payload = run_and_summarize(sweep)
     payload["command"] = shlex.join([os.path.basename(sys.executable), "scripts/sweep.py", *argv])
     payload["machine"] = {
-        **ex.machine_info(),
+        **analysis.machine_info(),
         "load_average_start": load_start,
-        "load_average_end": ex.load_average(),
+        "load_average_end": analysis.load_average(),
     }
     payload["wall_s"] = time.time() - t0
-    ex.write_json(os.path.join(sweep.workdir, "sweep.json"), payload)
+    analysis.write_json(os.path.join(sweep.workdir, "sweep.json"), payload)
     plot(payload, os.path.join(sweep.workdir, "sweep.png"))
     text = table(payload)
     with open(os.path.join(sweep.workdir, "sweep.md"), "w") as f:

@@ -54,7 +54,7 @@ def _parse(argv):
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
-    from replax import config_utils, trainer
+    from replax import config_utils, configuration, trainer
 
     if _CONFIG.value is None:
         _fail("--config is required (e.g. --config=configs/arith.py)")
@@ -62,7 +62,7 @@ def main(argv):
         _fail("--workdir is required")
     config = _CONFIG.value
     try:
-        trainer.validate(config)
+        configuration.validate(config)
     except config_utils.ConfigError as e:
         _fail(str(e))
     summary = trainer.train(config, _WORKDIR.value)

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from replax import analysis
 from replax import experiments as ex
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,15 +117,15 @@ def test_learning_rate_selection_rules():
 
 
 def test_statistics_helpers():
-    assert ex.median([1.0, None, 3.0]) == 3.0
-    assert ex.median([1.0, None]) is None  # the median is "never"
-    assert ex.median([1.0, None], none_is_inf=False) == 1.0
-    assert ex.iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == [2.0, 4.0]
-    assert ex.ratio(None, 2.0) is None and ex.ratio(1.0, 4.0) == 0.25
+    assert analysis.median([1.0, None, 3.0]) == 3.0
+    assert analysis.median([1.0, None]) is None  # the median is "never"
+    assert analysis.median([1.0, None], none_is_inf=False) == 1.0
+    assert analysis.iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == [2.0, 4.0]
+    assert analysis.ratio(None, 2.0) is None and analysis.ratio(1.0, 4.0) == 0.25
     records = [{"step": 1, "eval_accuracy": 0.2, "gen_tokens": 5}]
-    assert ex.first_reach(records, 0.3) is None
-    assert ex.first_reach(records, 0.3, base_accuracy=0.4)["gen_tokens"] == 0
-    hit = ex.to_target(records, 0.5, {"cost": 6.0})
+    assert analysis.first_reach(records, 0.3) is None
+    assert analysis.first_reach(records, 0.3, base_accuracy=0.4)["gen_tokens"] == 0
+    hit = analysis.to_target(records, 0.5, {"cost": 6.0})
     assert hit["cost"] == math.inf and hit["gen_tokens_to_target"] == math.inf
 
 

@@ -60,6 +60,15 @@ class ArithDifficulty:
         term = max(self.max_digits, len(str(self.max_mul_operand)))
         return self.max_terms * (term + 1)
 
+    def max_answer_chars(self) -> int:
+        """Upper bound on the length of an answer (its sign included)."""
+        largest = 10**self.max_digits - 1
+        if "*" in self.ops:
+            largest = max(largest, self.max_mul_operand) * self.max_mul_operand ** (
+                self.max_terms - 1
+            )
+        return len(str(self.max_terms * largest)) + ("-" in self.ops)
+
 
 # Warm-start (SFT) distribution: one operation on one- or two-digit numbers.
 EASY = ArithDifficulty(name="easy", min_terms=2, max_terms=2, min_digits=1, max_digits=2, ops="+-")
@@ -159,5 +168,34 @@ class ArithTask(Task):
     def reward(self, completion: str, answer: str) -> float:
         return check_answer(completion, answer)
 
+    def max_prompt_chars(self) -> int:
+        return self.difficulty.max_prompt_chars()
+
+    def max_answer_chars(self) -> int:
+        return self.difficulty.max_answer_chars()
+
     def __repr__(self) -> str:
         return f"ArithTask({self.difficulty}, test_fraction={self.test_fraction})"
+
+
+def make_arith_task(
+    *,
+    min_terms: int = 2,
+    max_terms: int = 3,
+    min_digits: int = 1,
+    max_digits: int = 2,
+    ops: str = "+-",
+    max_mul_operand: int = 9,
+    test_fraction: float = 0.1,
+) -> ArithTask:
+    """The registered task `arith`: config keys task.min_terms ... task.max_mul_operand."""
+    difficulty = ArithDifficulty(
+        name="rl",
+        min_terms=min_terms,
+        max_terms=max_terms,
+        min_digits=min_digits,
+        max_digits=max_digits,
+        ops=ops,
+        max_mul_operand=max_mul_operand,
+    )
+    return ArithTask(difficulty, test_fraction=test_fraction)

@@ -1,0 +1,248 @@
+"""From a run's ConfigDict to the library's typed arguments, checked before any compute.
+
+`validate(config)` runs every check that needs the configuration alone and raises
+`ConfigError` with one line naming the key and what is allowed; scripts turn it into exit
+status 2 before anything is written. The other functions turn config sections into the
+frozen dataclasses and keyword arguments that library code takes; with `validate` they
+are the only readers of the ConfigDict besides the trainer and the scripts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from replax import auto_replay, objectives, sharding
+from replax import model as model_lib
+from replax import replay as replay_lib
+from replax import train_step as train_step_lib
+from replax import warmstart as warmstart_lib
+from replax.config_utils import ConfigError, one_of, positive, require
+from replax.tasks import Task, make_task
+
+# task.* keys that say where and how much data to build; every other task.* key is an
+# argument of the task's factory.
+TASK_DATA_KEYS = ("name", "data_dir", "num_train", "num_test", "data_seed")
+# model.* keys that are not the architecture.
+MODEL_RUN_KEYS = ("init",)
+TOKENIZERS = ("byte",)
+INITS = ("random", "warmstart")
+REPLAY_MODES = ("fixed", "auto")
+
+
+def rollouts_per_step(config: ml_collections.ConfigDict) -> int:
+    """R = prompts_per_step x group_size fresh rollouts per generating step."""
+    return config.rollout.prompts_per_step * config.rollout.group_size
+
+
+def auto_max_period(config: ml_collections.ConfigDict) -> int:
+    """The longest generation period auto mode may plan: steps between generations that
+    keep the replay ratio B x period / R at most replay.auto_max_y (at least 1)."""
+    return max(
+        1, int(config.replay.auto_max_y * rollouts_per_step(config) / config.train.batch_size)
+    )
+
+
+def model_config(config) -> model_lib.ModelConfig:
+    fields = {k: v for k, v in config.model.to_dict().items() if k not in MODEL_RUN_KEYS}
+    return model_lib.ModelConfig(**fields)
+
+
+def loss_config(config) -> objectives.LossConfig:
+    c = config.loss
+    return objectives.LossConfig(
+        name=c.name,
+        epsilon_low=c.epsilon_low,
+        epsilon_high=c.epsilon_high,
+        dual_clip=c.dual_clip or None,
+        rho_max=c.rho_max,
+        delta_v=c.asymre_delta_v,
+        m2po_tau=c.m2po_tau,
+        kl_coef=c.kl_coef,
+        entropy_coef=c.entropy_coef,
+        aggregation=c.aggregation,
+    )
+
+
+def optimizer_config(config) -> train_step_lib.OptimizerConfig:
+    c = config.optimizer
+    return train_step_lib.OptimizerConfig(
+        learning_rate=c.learning_rate,
+        schedule=c.schedule,
+        warmup_steps=c.warmup_steps,
+        total_steps=config.total_steps,
+        weight_decay=c.weight_decay,
+        grad_clip=c.grad_clip,
+        b1=c.b1,
+        b2=c.b2,
+    )
+
+
+def warmstart_config(config) -> warmstart_lib.WarmStartConfig:
+    ws = config.warmstart
+    return warmstart_lib.WarmStartConfig(
+        min_accuracy=ws.min_accuracy,
+        max_accuracy=ws.max_accuracy,
+        max_steps=ws.max_steps,
+        batch_size=ws.batch_size,
+        learning_rate=ws.learning_rate,
+        eval_every=ws.eval_every,
+    )
+
+
+def replay_buffer_kwargs(config) -> dict[str, Any]:
+    """make_replay_buffer's arguments, less num_shards (set by the mesh)."""
+    rc = config.replay
+    return dict(
+        capacity=rc.capacity,
+        strategy=rc.strategy,
+        sample_mode=rc.sample_mode,
+        delta=rc.delta,
+        recency_tau=rc.recency_tau,
+        priority_alpha=rc.priority_alpha,
+        priority_beta=rc.priority_beta,
+        max_age=rc.max_age or None,
+        max_reuse=rc.max_reuse or None,
+    )
+
+
+def sampler_kwargs(config) -> dict[str, Any]:
+    """make_sampler's sampling and length arguments for rollouts."""
+    r = config.rollout
+    return dict(
+        max_prompt_len=r.max_prompt_len,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+    )
+
+
+def task_kwargs(config) -> dict[str, Any]:
+    return {k: v for k, v in config.task.to_dict().items() if k not in TASK_DATA_KEYS}
+
+
+def make_task_from_config(config) -> Task:
+    return make_task(config.task.name, **task_kwargs(config))
+
+
+def data_shards(config, num_devices: int | None = None) -> int:
+    """How many ways the batch and the buffer split: the data x fsdp mesh axes."""
+    shape = sharding.validate_mesh_shape(
+        config.mesh.shape, jax.device_count() if num_devices is None else num_devices
+    )
+    return int(np.prod([shape[sharding.MESH_AXES.index(a)] for a in ("data", "fsdp")]))
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Every check that can fail on configuration alone, before any compute."""
+    # Sizes and counts.
+    for key in (
+        "total_steps",
+        "rollout.prompts_per_step",
+        "rollout.group_size",
+        "train.batch_size",
+        "replay.capacity",
+        "eval.num_prompts",
+        "rollout.max_prompt_len",
+        "rollout.max_new_tokens",
+        "checkpoint_every",
+    ):
+        positive(config, key)
+    positive(config, "eval.every", allow_zero=True)
+    positive(config, "total_rollouts", allow_zero=True)
+    r, b = rollouts_per_step(config), config.train.batch_size
+    require(
+        config.replay.capacity >= b,
+        f"replay.capacity={config.replay.capacity} is smaller than train.batch_size={b}: "
+        "capacity must be >= the batch",
+    )
+    require(
+        not (config.rollout.group_size == 1 and config.loss.normalize_std),
+        "rollout.group_size=1 with loss.normalize_std=True: group-normalised advantages "
+        "need group_size >= 2",
+    )
+    one_of(config, "tokenizer.name", TOKENIZERS)
+    one_of(config, "model.init", INITS)
+
+    # Choices.
+    one_of(config, "replay.strategy", replay_lib.STRATEGIES)
+    one_of(config, "replay.sample_mode", replay_lib.SAMPLE_MODES)
+    one_of(config, "replay.mode", REPLAY_MODES)
+    if config.replay.mode == "auto":
+        require(
+            b % 2 == 0,
+            f"train.batch_size={b} with replay.mode='auto': the batch splits into two "
+            "halves, so it must be even",
+        )
+        positive(config, "replay.auto_every")
+        one_of(config, "replay.auto_design", tuple(auto_replay.DESIGNS))
+        require(
+            config.replay.auto_max_y * r >= b,
+            f"replay.auto_max_y={config.replay.auto_max_y} is below B / R = {b / r:g}, the "
+            "replay ratio of generating every step: it must be >= B / R",
+        )
+    one_of(config, "loss.name", objectives.LOSSES)
+    one_of(config, "loss.aggregation", objectives.AGGREGATIONS)
+    one_of(config, "model.dtype", tuple(model_lib.DTYPES))
+    one_of(config, "model.param_dtype", tuple(model_lib.DTYPES))
+    if config.task.data_dir:
+        require(
+            os.path.isdir(config.task.data_dir),
+            f"task.data_dir={config.task.data_dir!r} does not exist",
+        )
+    total_len = config.rollout.max_prompt_len + config.rollout.max_new_tokens
+    require(
+        total_len <= config.model.max_len,
+        f"rollout.max_prompt_len + rollout.max_new_tokens = {total_len} exceeds "
+        f"model.max_len={config.model.max_len}",
+    )
+
+    # Library-level validation, re-raised as one-line config errors.
+    try:
+        task = make_task_from_config(config)
+        model_config(config)
+        loss_config(config)
+        optimizer_config(config)
+        warmstart_config(config)
+        replay_lib.make_replay_buffer(**replay_buffer_kwargs(config))
+        sharding.validate_rules(config.mesh.rules)
+        shards = data_shards(config)
+    except TypeError as e:  # a task factory given keys it does not take
+        raise ConfigError(f"task.name={config.task.name!r}: {e}") from None
+    except ValueError as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+
+    # Prompts and answers must fit: prompts are never truncated. A byte-level tokenizer
+    # spends one token per character; BOS and EOS take one more each.
+    if config.tokenizer.name == "byte":
+        for chars, key, what, extra in (
+            (task.max_prompt_chars(), "rollout.max_prompt_len", "prompt", "BOS"),
+            (task.max_answer_chars(), "rollout.max_new_tokens", "answer", "EOS"),
+        ):
+            if chars is not None:
+                require(
+                    chars + 1 <= config.rollout[key.split(".")[1]],
+                    f"{key}={config.rollout[key.split('.')[1]]} is shorter than the task's "
+                    f"longest {what} ({chars + 1} tokens with {extra})",
+                )
+
+    # Every batch splits over the data shards. The pass@k evaluation samples pass_k
+    # completions of its first pass_k_prompts prompts.
+    pass_k_rows = min(config.eval.pass_k_prompts, config.eval.num_prompts) * config.eval.pass_k
+    for key, value in (
+        ("rollout R = prompts_per_step x group_size", r),
+        ("train.batch_size", b),
+        ("replay.capacity", config.replay.capacity),
+        ("eval.num_prompts", config.eval.num_prompts),
+        ("eval.pass_k_prompts x eval.pass_k (rows sampled for pass@k)", pass_k_rows),
+    ):
+        require(
+            value % shards == 0,
+            f"{key}={value} is not divisible by the {shards} data shards of mesh.shape="
+            f"{tuple(config.mesh.shape)}",
+        )

@@ -1,0 +1,133 @@
+"""The stored rollout: its layout, how fresh completions become one, and the jitted
+add-and-sample that feeds the train step.
+
+A rollout is stored as one row of fixed length L = P + T (P prompt tokens, left-padded;
+T completion tokens, padded after the stop token), so that the train step reads it back
+with the log-probs of each completion token aligned to the token itself:
+
+  tokens              int32[L]    prompt + completion
+  attention_mask      bool[L]     real tokens of either
+  loss_mask           float32[L]  1 on completion tokens (those trained on)
+  behaviour_logprobs  float32[L]  log-prob of each completion token under the policy
+                                  that sampled it (0 on the prompt)
+  reward, advantage, baseline  float32[]  frozen at generation (group advantages)
+
+`rollout_spec` is that layout as ShapeDtypeStructs, the one definition the replay store,
+the train step's batch and the benchmark are built from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from replax import objectives
+from replax import replay as replay_lib
+
+# Per-rollout fields the sampler adds to a stored rollout when it is drawn for training:
+# the replay strategy's importance weight, its age in steps and how often it was drawn.
+SAMPLE_FIELDS = {"importance_weights": jnp.float32, "age": jnp.int32, "times_sampled": jnp.int32}
+
+
+def rollout_spec(seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """One stored rollout of seq_len = P + T tokens, as ShapeDtypeStructs."""
+    row = lambda dtype: jax.ShapeDtypeStruct((seq_len,), dtype)
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    return {
+        "tokens": row(jnp.int32),
+        "attention_mask": row(jnp.bool_),
+        "loss_mask": row(jnp.float32),
+        "behaviour_logprobs": row(jnp.float32),
+        "reward": scalar,
+        "advantage": scalar,
+        "baseline": scalar,
+    }
+
+
+def batch_spec(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """A training batch: B stored rollouts plus the sampler's fields."""
+    rows = {
+        **rollout_spec(seq_len),
+        **{k: jax.ShapeDtypeStruct((), t) for k, t in SAMPLE_FIELDS.items()},
+    }
+    return {k: jax.ShapeDtypeStruct((batch_size, *v.shape), v.dtype) for k, v in rows.items()}
+
+
+def make_rollouts(
+    prompt_ids, prompt_mask, completion, rewards, *, group_size: int, normalize_std: bool
+):
+    """Stored rollouts of R fresh completions, their advantages frozen.
+
+    prompt_ids int32[R, P], prompt_mask bool[R, P]: the prompts, each repeated G times
+    in a row; completion: tokens int32[R, T], mask bool[R, T], logprobs float32[R, T];
+    rewards float32[R]. Returns a dict of the `rollout_spec` fields with leading R.
+    """
+    zeros = jnp.zeros(prompt_ids.shape, jnp.float32)
+    completion_mask = completion["mask"]
+    advantage, baseline = objectives.group_advantages(
+        rewards, group_size, normalize_std=normalize_std
+    )
+    return {
+        "tokens": jnp.concatenate([prompt_ids, completion["tokens"]], axis=1),
+        "attention_mask": jnp.concatenate([prompt_mask, completion_mask], axis=1),
+        "loss_mask": jnp.concatenate([zeros, completion_mask.astype(jnp.float32)], axis=1),
+        "behaviour_logprobs": jnp.concatenate(
+            [zeros, jnp.where(completion_mask, completion["logprobs"], 0.0)], axis=1
+        ),
+        "reward": rewards,
+        "advantage": advantage,
+        "baseline": baseline,
+    }
+
+
+def make_add_and_sample(
+    buffer: replay_lib.ReplayBuffer,
+    *,
+    group_size: int,
+    batch_size: int,
+    normalize_std: bool,
+    drop_zero_advantage: bool,
+) -> Callable:
+    """The device half of a step after scoring, to be jitted with the replay state
+    donated: freeze advantages, add the fresh rollouts to the store, sample a batch.
+
+    add_and_sample(replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng,
+    generated, max_age) -> (replay_state, batch, stats). generated (bool[]): whether this
+    step generated; a step that did not stores nothing (its inputs are placeholders of the
+    same shapes). max_age (int32[]): items older than this many steps are not drawn.
+    """
+
+    def add_and_sample(
+        replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng, generated, max_age
+    ):
+        # FRESH ROLLOUTS, advantages frozen at generation.
+        items = make_rollouts(
+            prompt_ids,
+            prompt_mask,
+            completion,
+            rewards,
+            group_size=group_size,
+            normalize_std=normalize_std,
+        )
+        # WHAT ENTERS THE STORE: groups whose rewards all agree carry no signal.
+        keep = jnp.broadcast_to(generated, rewards.shape)
+        if drop_zero_advantage:
+            spread = jnp.ptp(rewards.reshape(-1, group_size), axis=1) > 0
+            keep = keep & jnp.repeat(spread, group_size)
+        # ADD, THEN SAMPLE THE TRAINING BATCH.
+        replay_state = buffer.add(replay_state, items, step, keep=keep)
+        replay_state, sampled, info = buffer.sample(
+            replay_state, rng, batch_size, step, max_age=max_age
+        )
+        batch = {
+            **sampled,
+            "importance_weights": info.importance_weights,
+            "age": info.age,
+            "times_sampled": info.times_sampled,
+        }
+        stats = {"replay_size": jnp.sum(replay_state.count), "rollouts_kept": jnp.sum(keep)}
+        return replay_state, batch, stats
+
+    return add_and_sample
