@@ -15,7 +15,8 @@ NUM_TRAIN, NUM_TEST = 200, 50
 @pytest.fixture(scope="module")
 def arith_builder(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("data")
-    return data.prepare_arith(data_dir, "easy", num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0)
+    task = arith.ArithTask(arith.EASY)
+    return data.prepare_task_data(data_dir, task, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0)
 
 
 def _batches(dataset, num):
@@ -37,25 +38,45 @@ def test_arith_builder_writes_array_record(arith_builder):
     assert not train_prompts & {e.prompt for e in expected}
 
 
-def test_arith_builder_reuses_prepared_data_and_names_configs_by_params(arith_builder):
-    again = data.prepare_arith(
-        arith_builder.data_dir.split("/replax_arith")[0],
-        "easy",
+def test_builder_reuses_prepared_data_and_names_configs_by_what_the_examples_depend_on(
+    arith_builder,
+):
+    again = data.prepare_task_data(
+        arith_builder.data_dir.split("/replax_task")[0],
+        arith.ArithTask(arith.EASY),
         num_train=NUM_TRAIN,
         num_test=NUM_TEST,
         seed=0,
     )
     assert again.data_path == arith_builder.data_path
+    easy, hard = arith.ArithTask(arith.EASY), arith.ArithTask(arith.HARD)
+    name = lambda task, **kw: (
+        data.task_data_config(task, **{"num_train": 10, "num_test": 5, "seed": 0, **kw}).name
+    )
     names = {
-        data.arith_config("easy", num_train=10).name,
-        data.arith_config("easy", num_train=11).name,
-        data.arith_config("easy", num_train=10, seed=1).name,
-        data.arith_config("hard", num_train=10).name,
-        data.arith_config(arith.ArithDifficulty(max_digits=4), num_train=10).name,
+        name(easy),
+        name(easy, num_train=11),
+        name(easy, num_test=6),
+        name(easy, seed=1),
+        name(hard),
+        name(arith.ArithTask(arith.EASY, test_fraction=0.2)),
+        name(arith.ArithTask(arith.ArithDifficulty(max_digits=4))),
     }
-    assert len(names) == 5
-    with pytest.raises(ValueError, match="difficulty"):
-        data.arith_config("medium")
+    assert len(names) == 7
+    with pytest.raises(ValueError, match="num_train"):
+        data.task_data_config(easy, num_train=0, num_test=5, seed=0)
+
+
+def test_builder_writes_a_user_task(tmp_path):
+    from user_task import ReverseTask  # tests/user_task.py: a task defined outside replax
+
+    task = ReverseTask(4)
+    builder = data.prepare_task_data(tmp_path, task, num_train=20, num_test=6, seed=2)
+    expected = task.examples("test", 6, seed=2)
+    assert data.eval_examples(builder.as_data_source("test"), 6) == [
+        (e.prompt, e.answer) for e in expected
+    ]
+    assert len(builder.as_data_source("train")) == 20
 
 
 def test_eval_examples(arith_builder):
@@ -159,51 +180,3 @@ def test_iterator_checkpoints_with_orbax(tmp_path):
             1, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointRestore(restored))
         )
     np.testing.assert_array_equal(next(restored)["index"], expected)
-
-
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
-def test_gsm8k_builder(tmp_path):
-    manual_dir = tmp_path / "manual"
-    manual_dir.mkdir()
-    train = [
-        {"question": "Ann has 3 pens and buys 4. How many?", "answer": "3+4=7\n#### 7"},
-        {"question": "What is 10 times 100?", "answer": "10*100=1000\n#### 1,000"},
-    ]
-    _write_jsonl(manual_dir / "train.jsonl", train)
-    _write_jsonl(manual_dir / "test.jsonl", train[:1])
-    builder = data.prepare_gsm8k(tmp_path / "data", manual_dir)
-    assert data.eval_examples(builder.as_data_source("train"), 2) == [
-        ("Ann has 3 pens and buys 4. How many?", "7"),
-        ("What is 10 times 100?", "1,000"),
-    ]
-    assert len(builder.as_data_source("test")) == 1
-    # Prepared data is reused; the manual dir is not needed again.
-    again = data.prepare_gsm8k(tmp_path / "data", tmp_path / "gone")
-    assert len(again.as_data_source("train")) == 2
-
-
-def test_gsm8k_builder_malformed_line_names_file_and_line(tmp_path):
-    manual_dir = tmp_path / "manual"
-    manual_dir.mkdir()
-    (manual_dir / "train.jsonl").write_text(
-        json.dumps({"question": "q", "answer": "#### 1"}) + "\n{not json\n"
-    )
-    _write_jsonl(manual_dir / "test.jsonl", [{"question": "q", "answer": "#### 1"}])
-    with pytest.raises(ValueError, match=r"train\.jsonl:2"):
-        data.prepare_gsm8k(tmp_path / "data", manual_dir)
-
-
-def test_gsm8k_builder_missing_manual_dir(tmp_path):
-    missing = tmp_path / "no_such_dir"
-    with pytest.raises(FileNotFoundError, match="no_such_dir"):
-        data.prepare_gsm8k(tmp_path / "data", missing)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="empty"):
-        data.prepare_gsm8k(tmp_path / "data", empty)
-    (empty / "train.jsonl").write_text("")
-    with pytest.raises(FileNotFoundError, match="test.jsonl"):
-        data.prepare_gsm8k(tmp_path / "data", empty)

@@ -112,30 +112,35 @@ def test_resume_continues_exactly(full_run, tmp_path):
 @pytest.mark.parametrize(
     "override, key",
     [
+        # Every check is in replax.configuration (tests/test_configuration.py); these go
+        # through the script: a value, a key the config lacks, a task that does not import.
         ("--config.replay.capacity=8", "replay.capacity"),
-        ("--config.rollout.group_size=1", "rollout.group_size"),
-        ("--config.replay.strategy=lifo", "replay.strategy"),
-        ("--config.loss.name=dpo", "loss.name"),
-        ("--config.mesh.shape=(3,1,1)", "mesh.shape"),
-        # 3 prompts x pass_k 2 = 6 rows do not split over the 8 data shards.
-        ("--config.eval.pass_k_prompts=3", "eval.pass_k_prompts"),
-        ("--config.task.data_dir=/nonexistent/replax", "task.data_dir"),
-        ("--config.train.batch_size=0", "train.batch_size"),
-        ("--config.total_rollouts=-64", "total_rollouts"),
-        # B / R = 2 here: auto mode cannot plan a replay ratio below that.
-        (("--config.replay.mode=auto", "--config.replay.auto_max_y=1"), "replay.auto_max_y"),
-        (("--config.replay.mode=auto", "--config.replay.auto_design=magic"), "replay.auto_design"),
         ("--config.no_such_key=1", "no_such_key"),
+        ("--config.task.name=no_such_module:make_task", "task.name"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, override, key):
     workdir = tmp_path / "run"
-    proc = run_train(str(workdir), *([override] if isinstance(override, str) else override))
+    proc = run_train(str(workdir), override)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, lines
     assert key in lines[0]
     assert not workdir.exists()
+
+
+def test_a_users_task_trains_without_changes_to_replax(tmp_path):
+    """tests/user_task.py defines a task outside replax; its config names it by import
+    path. The run builds the task's data, scores with its reward and resumes."""
+    workdir = tmp_path / "run"
+    proc = run_train(str(workdir), config="tests/user_task_config.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read(str(workdir))
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    (dataset,) = os.listdir(workdir / "data" / "replax_task")
+    assert dataset.startswith("reverse3_")
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
 
 
 def test_evaluate_script_reproduces_final_accuracy(full_run):

@@ -1,0 +1,93 @@
+"""Tests for replax/configuration.py: every bad setting is one ConfigError line naming its
+key, raised before any compute; and the config -> dataclass conversions."""
+
+import os
+
+import pytest
+
+from replax import configuration, experiments
+from replax.config_utils import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# R = 8, B = 16, N = 32: the 8 simulated devices divide every batch.
+MICRO = {
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 4,
+    "train.batch_size": 16,
+    "replay.capacity": 32,
+    "eval.num_prompts": 16,
+    "eval.pass_k": 2,
+    "eval.pass_k_prompts": 8,
+}
+
+
+def config(variant="replay", **overrides):
+    c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), variant)
+    for key, value in {**MICRO, **overrides}.items():
+        experiments.set_value(c, key.replace("__", "."), value)
+    return c
+
+
+def test_the_shipped_variants_are_valid():
+    configuration.validate(config("replay"))
+    configuration.validate(config("onpolicy", **{"replay.capacity": 8, "train.batch_size": 8}))
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"replay.capacity": 8}, "replay.capacity"),
+        ({"rollout.group_size": 1}, "rollout.group_size"),
+        ({"replay.strategy": "lifo"}, "replay.strategy"),
+        ({"replay.sample_mode": "nearby"}, "sample_mode"),
+        ({"replay.delta": 1.5}, "delta"),
+        ({"loss.name": "dpo"}, "loss.name"),
+        ({"loss.aggregation": "max"}, "loss.aggregation"),
+        ({"model.dtype": "float8"}, "model.dtype"),
+        ({"model.init": "pretrained"}, "model.init"),
+        ({"model.num_kv_heads": 3}, "num_kv_heads"),
+        ({"tokenizer.name": "sentencepiece"}, "tokenizer.name"),
+        ({"mesh.shape": (3, 1, 1)}, "mesh"),
+        # 3 prompts x pass_k 2 = 6 rows do not split over the 8 data shards.
+        ({"eval.pass_k_prompts": 3}, "eval.pass_k_prompts"),
+        ({"task.data_dir": "/nonexistent/replax"}, "task.data_dir"),
+        ({"task.name": "sudoku"}, "task.name"),
+        ({"task.name": "no_such_module:make"}, "task.name"),
+        ({"task.name": "os.path:no_such_factory"}, "task.name"),
+        ({"task.ops": "/"}, "ops"),
+        ({"train.batch_size": 0}, "train.batch_size"),
+        ({"total_rollouts": -64}, "total_rollouts"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"optimizer.schedule": "cyclic"}, "optimizer.schedule"),
+        ({"optimizer.learning_rate": 0.0}, "optimizer.learning_rate"),
+        ({"warmstart.min_accuracy": 0.5, "warmstart.max_accuracy": 0.4}, "min_accuracy"),
+        ({"rollout.max_prompt_len": 4}, "rollout.max_prompt_len"),
+        ({"rollout.max_new_tokens": 3}, "rollout.max_new_tokens"),
+        ({"rollout.max_new_tokens": 30}, "model.max_len"),
+        # B / R = 2 here: auto mode cannot plan a replay ratio below that.
+        ({"replay.mode": "auto", "replay.auto_max_y": 1.0}, "replay.auto_max_y"),
+        ({"replay.mode": "auto", "replay.auto_design": "magic"}, "replay.auto_design"),
+        ({"replay.mode": "auto", "train.batch_size": 15}, "even"),
+        ({"replay.mode": "sometimes"}, "replay.mode"),
+    ],
+)
+def test_bad_setting_is_one_line_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError) as error:
+        configuration.validate(config(**overrides))
+    message = str(error.value)
+    assert "\n" not in message and key in message, message
+
+
+def test_task_keys_go_to_the_task_factory():
+    c = config(**{"task.max_digits": 2, "task.min_digits": 1})
+    task = configuration.make_task_from_config(c)
+    assert task.difficulty.max_digits == 2 and task.difficulty.min_digits == 1
+    assert "num_train" not in configuration.task_kwargs(c)
+
+
+def test_rollouts_per_step_and_auto_max_period():
+    c = config(**{"replay.mode": "auto", "replay.auto_max_y": 8.0})
+    assert configuration.rollouts_per_step(c) == 8
+    # B = 16, R = 8: y = 2 per generation; y <= 8 allows generating every 4th step.
+    assert configuration.auto_max_period(c) == 4

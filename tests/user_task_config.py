@@ -1,0 +1,36 @@
+"""Config of a user's task (tests/user_task.py) on the embedded default's policy and loop:
+the task section is the user's own, the rest comes from configs/arith.py.
+
+  python scripts/train.py --config=tests/user_task_config.py --workdir=DIR
+"""
+
+import importlib.util
+import os
+import sys
+
+import ml_collections
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# `user_task:make_task` is imported by name: its directory must be on the path.
+sys.path.insert(0, _HERE)
+
+
+def _arith_config(arg):
+    path = os.path.join(os.path.dirname(_HERE), "configs", "arith.py")
+    spec = importlib.util.spec_from_file_location("replax_configs_arith", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def get_config(arg=None):
+    c = _arith_config(arg)
+    c.task = ml_collections.ConfigDict()
+    c.task.name = "user_task:make_task"
+    c.task.length = 3
+    c.task.data_seed = 0
+    c.task.num_train = 256
+    c.task.num_test = 64
+    c.task.data_dir = ""
+    c.model.init = "random"
+    return c
