@@ -1,95 +1,23 @@
-r"""Auto replay: choose the replay ratio y and the staleness horizon x online.
+r"""Auto replay: choose the replay ratio y = B / R and the staleness horizon x = N / R online.
 
-The paper's design objective (../shared/paper.md), for a staleness horizon x = N / R
-steps and a replay ratio y = B / R, is
+With `replay.mode='auto'` the RL loop asks an `AutoReplayController` each step whether to
+generate R fresh rollouts (a generation period k makes y = k B / R with B and R fixed)
+and how old a sampled rollout may be (a max age, the horizon x). The controller
+estimates mu (generation / training seconds per rollout, or `replay.mu`), the staleness
+exponent alpha and the correlation rho (from the fresh / stale half-batch gradient
+statistics the train step returns) and the kept fraction f of generated rollouts, and
+every `update_every` steps re-plans (x*, y*) with one of `DESIGNS`: 'paper'
+(`optimal_design`, the paper's J(x, y) minimised in closed form) or 'long_run'
+(`long_run_design`, y* = sqrt(mu / (1 / f + rho)), the config's default).
 
-    J(x, y) = sigma^2(x) (1 + y / mu) (1 / y + 1 / x + rho),
-
-mu the generation / training cost per rollout, sigma^2(x) the gradient variance of a
-buffer whose rollouts live x steps and rho the part of the variance that does not
-average out. For sigma(x) = (x / tau)^alpha, alpha < 1/2, its minimiser is
-
-    y* = (-alpha + sqrt(alpha^2 + mu rho (1 - 2 alpha))) / rho
-       = mu (1 - 2 alpha) / (alpha + sqrt(alpha^2 + mu rho (1 - 2 alpha)))
-    x* = y*^2 / (2 alpha (mu + y*))   (equivalently y* = sqrt(mu / (rho + 1 / x*))).
-
-Derivation check: dJ/dy = 0 gives y^2 = mu / (rho + 1/x); dJ/dx = 0 gives
-2 alpha (1/y + 1/x + rho) = 1/x; eliminating 1/x gives rho y^2 + 2 alpha y -
-(1 - 2 alpha) mu = 0, whose positive root is y* above, and 1/x* = mu / y*^2 - rho =
-2 alpha (mu + y*) / y*^2. `numeric_optimal_design` minimises J directly; the tests check
-that both agree, so the closed form is used. The second form of y* is the same number
-without the 0/0 at rho = 0 (where y* = mu (1 - 2 alpha) / (2 alpha)); at alpha = 0 the
-horizon is unbounded (x* = inf) and y* = sqrt(mu / rho).
-
-The knobs. Shapes stay static, so B and the rollouts per generation R are fixed and the
-controller acts through
-  (a) the generation period k: R fresh rollouts are generated only on some steps (a
-      credit accumulator: generate when credit >= 1, then credit -= 1; credit += 1/k each
-      step), which sets the effective replay ratio y = B / (R / k) = k B / R >= B / R;
-  (b) the staleness horizon x in steps, enforced as a dynamic max age when sampling
-      (items older than x - 1 steps are ineligible). The physical capacity N bounds it:
-      a rollout is evicted after N / R generations, k N / R steps. The horizon is kept at
-      least k + 1 and at least `min_horizon` (2): the latest generation is always
-      eligible and, on generating steps, so is the one before it; without two ages in a
-      batch alpha cannot be measured.
-
-The estimators. mu: an EMA of generation seconds per generated rollout over an EMA of
-training seconds per trained rollout, unless `mu_override` plans for another machine.
-alpha and rho come from statistics the train step returns at no extra backward cost
-(`half_batch_gradient_stats`): the batch is split by age into its freshest and stalest
-halves of b = B / 2 rollouts, the gradient of each half is taken in one vmapped backward
-pass, and (g_A fresh, g_B stale)
-
-    cross        S   = g_A . g_B
-    noise_fresh  n_A = |g_A|^2 - S
-    noise_stale  n_B = |g_B|^2 - S
-    age_fresh, age_stale: the halves' mean ages (steps).
-
-With per-rollout gradients g + e_i, per-rollout noise variance s^2(age) (trace) and a
-covariance between rollouts that no averaging removes, E[n_A] = s^2(age_A) / b up to
-that shared part, and E[S] = |g|^2 + (shared covariance): the halves come from disjoint
-age ranges, hence from different generations and different buffer slots, so the
-finite-buffer (1/x) noise does not enter S.
-  alpha: sigma^2(a) ~ (a + 1)^(2 alpha) (a fresh rollout counts as age 1), so
-    log(n_B / n_A) = 2 alpha log((age_B + 1) / (age_A + 1)). Each planning window pools
-    the n_A, n_B and ages of its steps whose halves differ in age (by half a step or
-    more) into one point (u, v) = (log age ratio, log noise ratio); alpha
-    is the slope / 2 of an exponentially weighted regression through the origin, with the
-    prior alpha_init entered as one pseudo-point at u = log 2 that does not decay (the
-    data's weight is about 1 / (1 - ema) windows, so the prior is a light anchor against
-    a noisy window). Clipped to
-    `alpha_range`, (-0.45, 0.45) by default (above 1/2 on-policy is optimal anyway). It
-    may be negative: on the arithmetic task the stale half's noise was measured below the
-    fresh half's (slope -0.47), since PPO-clip zeroes the gradient of the tokens whose
-    ratio has left the clip range, more of them the staler the rollout.
-  rho: the step gradient's second moment is E|G|^2 = s^2 (1/B + 1/N) + (|g|^2 + shared
-    covariance); in J's normalisation (multiply by R / s^2) the bracket is
-    1/y + 1/x + rho, so the part that does not average out is
-        rho = R S / s^2,   s^2 = b (n_A + n_B) / 2,
-    i.e. R / B_noise with B_noise = s^2 / S the gradient noise scale (McCandlish et al.
-    2018). R is the configured rollouts per generation, the fixed R of the paper's
-    analysis; the controller then realises the planned ratio y* with B fixed through the
-    period. Windowed sums, then an EMA, clipped to [rho_min, rho_max].
-The design that turns the estimates into (x*, y*) is `design`: 'paper' (J above, the
-closed form) or 'long_run' (J with the buffer term summed over the steps a rollout lives
-in, 1 / f instead of 1 / (f x), f the kept fraction below: y* = sqrt(mu / (1 / f + rho));
-`long_run_design` derives it).
-  kept: the fraction f of generated rollouts that enter the buffer (the rest are dropped
-    as zero-advantage groups): kept / generated over the window's generating steps, then
-    an EMA, clipped to `kept_range`. Dropped rollouts cost generation and add no noise to
-    the buffer, so both designs see the buffer term over f R rollouts (`optimal_design`,
-    `long_run_design`), and the ring's lifetime is capacity / (f R) generations.
-The plan (x*, y*) is recomputed every `update_every` observed steps.
+docs/auto_replay.md has the derivations of both designs, the estimators and the config
+keys; `numeric_optimal_design` and tests/test_auto_replay.py check the closed forms.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
-
-import jax
-import jax.numpy as jnp
-import optax
 
 # ------------------------------------------------------------------ the optimal design
 
@@ -218,42 +146,6 @@ def numeric_optimal_design(
 # ------------------------------------------------------------ statistics in the train step
 
 
-def half_batch_gradient_stats(grad_fn, params, batch):
-    """Gradient of the batch as the mean of its freshest and stalest halves.
-
-    grad_fn(params, batch) -> (grads, metrics): the gradient (and scalar metrics) of a
-    batch; it is vmapped over the two halves, so the backward cost is that of one batch.
-    batch: dict of arrays with leading axis B (even), including `age` int[B].
-    Returns (grads, metrics, stats): grads the mean of the halves' gradients (equal to the
-    batch gradient for a per-sequence mean loss; for a token mean, each half's tokens are
-    averaged separately); metrics averaged over the halves (`*_max` keys: max); stats the
-    scalars described in the module docstring (cross, noise_fresh, noise_stale,
-    age_fresh, age_stale; prefixed `halves_`).
-    """
-    age = batch["age"]
-    batch_size = age.shape[0]
-    if batch_size % 2:
-        raise ValueError(f"half_batch_gradient_stats: batch size {batch_size} is odd")
-    half = batch_size // 2
-    order = jnp.argsort(age, stable=True)  # freshest first
-    halves = jax.tree.map(lambda x: x[order].reshape(2, half, *x.shape[1:]), batch)
-    grads2, metrics2 = jax.vmap(grad_fn, in_axes=(None, 0))(params, halves)
-    grad_fresh = jax.tree.map(lambda g: g[0], grads2)
-    grad_stale = jax.tree.map(lambda g: g[1], grads2)
-    grads = jax.tree.map(lambda g: 0.5 * (g[0] + g[1]), grads2)
-    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in metrics2.items()}
-    cross = optax.tree_utils.tree_vdot(grad_fresh, grad_stale)
-    ages = halves["age"].astype(jnp.float32).mean(axis=1)  # [2]
-    stats = {
-        "halves_cross": cross,
-        "halves_noise_fresh": optax.tree_utils.tree_vdot(grad_fresh, grad_fresh) - cross,
-        "halves_noise_stale": optax.tree_utils.tree_vdot(grad_stale, grad_stale) - cross,
-        "halves_age_fresh": ages[0],
-        "halves_age_stale": ages[1],
-    }
-    return grads, metrics, stats
-
-
 STAT_KEYS = (
     "halves_cross",
     "halves_noise_fresh",
@@ -296,6 +188,11 @@ class AutoReplayController:
     `observe(gen_s=..., train_s=..., stats=...)` with gen_s only on generating steps and
     stats the `halves_*` scalars of the train step. `metrics()` is what to log.
     """
+
+    # The train step reports the fresh / stale half-batch statistics this plans from.
+    half_batch_stats = True
+    # The age limit of the latest `max_age()` call.
+    last_max_age: int | None = None
 
     _CONFIG = (
         "rollouts_per_generation",
@@ -421,7 +318,8 @@ class AutoReplayController:
 
     def max_age(self) -> int:
         """Items older than this many steps are not sampled."""
-        return max(int(math.ceil(self.horizon - 1e-9)) - 1, 0)
+        self.last_max_age = max(int(math.ceil(self.horizon - 1e-9)) - 1, 0)
+        return self.last_max_age
 
     # ------------------------------------------------------------- observations
 
@@ -526,7 +424,7 @@ class AutoReplayController:
             "auto_y_opt": self.y_opt,
             "auto_x_opt": self.x_opt if math.isfinite(self.x_opt) else None,
             "auto_period": self.period,
-            "auto_max_age": self.max_age(),
+            "auto_max_age": self.last_max_age,  # the limit the step just taken used
             "auto_generate": int(self.last_generate),
         }
 

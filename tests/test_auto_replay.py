@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from replax import auto_replay
+from replax import train_step as train_step_lib
 from replax.auto_replay import (
     AutoReplayController,
     numeric_optimal_design,
@@ -325,7 +326,7 @@ def test_half_batch_gradient_stats_against_numpy():
         grads = jax.grad(lambda w: jnp.mean(half["features"] @ w))(w)
         return grads, {"loss_max": jnp.max(half["features"]), "loss": jnp.mean(half["features"])}
 
-    grads, metrics, stats = jax.jit(auto_replay.half_batch_gradient_stats, static_argnums=0)(
+    grads, metrics, stats = jax.jit(train_step_lib.half_batch_gradient_stats, static_argnums=0)(
         grad_fn, jnp.zeros(3), batch
     )
     order = np.argsort(age, kind="stable")
@@ -425,7 +426,7 @@ AUTO_MICRO = {
     "model.num_kv_heads": 1,
     "model.head_dim": 16,
     "model.mlp_dim": 64,
-    "warmstart.enabled": False,
+    "model.init": "random",
     "task.num_train": 64,
     "task.num_test": 16,
     "rollout.prompts_per_step": 2,
@@ -481,7 +482,7 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
 
 
 def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
-    from replax import experiments, trainer
+    from replax import analysis, experiments, trainer
     from replax import metrics as metrics_lib
 
     c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
@@ -503,8 +504,8 @@ def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
         assert records[-1]["gen_rollouts"] == 16 and records[-2]["gen_rollouts"] < 16
         assert len(records) < c.total_steps and summary["steps"] == len(records)
         assert "eval_accuracy" in records[-1]
-        assert experiments.is_finished(workdir, c.total_steps, c.total_rollouts)
-        assert not experiments.is_finished(workdir, c.total_steps)
+        assert analysis.is_finished(workdir, c.total_steps, c.total_rollouts)
+        assert not analysis.is_finished(workdir, c.total_steps)
         # Run again: the budget is spent, nothing more is generated or logged.
         trainer.train(c, workdir, log=lambda _: None)
     assert metrics_lib.read_metrics(workdir) == records
