@@ -9,10 +9,10 @@ GRPO-style group advantages and behaviour log-probs frozen at generation, PPO-cl
 with dual clip 3 against the stored behaviour log-probs, Adam at a constant rate, no KL.
 Buffer: FIFO ring buffer of N = 4096, the paper's positive-bias sampling (uniform over the
 freshest N/2 rollouts and the freshest N/2 correct ones), zero-advantage groups not stored.
-In the README's replay-vs-on-policy studies (x by y sweep, refinements, 3 seeds) positive
-bias with a large buffer won; N = 4096 at lr 1e-4 ended above N = 1024 on every seed, at
+In the replay-vs-on-policy studies (docs/studies.md: x by y sweep, refinements, 3
+seeds) positive bias with a large buffer won; N = 4096 at lr 1e-4 ended above N = 1024 on every seed, at
 the same inference and cost ratios, and gained 9 points more on this run.
-Hardware: 2 CPU cores (the same code shards over a TPU slice).
+Hardware: 2 CPU cores, or 8 simulated CPU devices (the mesh takes every device).
 Expected: about 3-6 minutes including compilation and warm start; held-out greedy
 accuracy up by more than 25 points over the warm start.
 
@@ -93,7 +93,7 @@ def get_config(arg=None):
     # Warm start (model.init='warmstart'): SFT on worked answers until held-out accuracy,
     # measured on the eval.num_prompts evaluation prompts, is in [min, max]. From a
     # 30% base, RL's groups mostly carry signal; measured from an 18% base, replay and
-    # on-policy both gained about 20 points in the same budget (README).
+    # on-policy both gained about 20 points in the same budget (docs/studies.md).
     c.warmstart = ml_collections.ConfigDict()
     c.warmstart.min_accuracy = 0.30
     c.warmstart.max_accuracy = 0.40
@@ -154,7 +154,7 @@ def get_config(arg=None):
     # How auto mode turns its estimates into (x, y): 'long_run' (J with the buffer noise
     # summed over the steps a rollout lives in: y* = sqrt(mu / (1/f + rho)), f the kept
     # fraction; replax/auto_replay.py derives it) or 'paper' (the paper's J as written,
-    # which over-reuses on the embedded task: README, "Auto mode").
+    # which over-reuses on the embedded task: docs/auto_replay.md).
     c.replay.auto_design = "long_run"
 
     # The objective on (possibly stale) rollouts.
