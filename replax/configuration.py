@@ -16,21 +16,22 @@ import jax
 import ml_collections
 import numpy as np
 
-from replax import auto_replay, objectives, sharding
+from replax import auto_replay, objectives, schedules, sharding
 from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import train_step as train_step_lib
 from replax import warmstart as warmstart_lib
 from replax.config_utils import ConfigError, one_of, positive, require
 from replax.tasks import Task, make_task
+from replax.tokenizer import ByteTokenizer
 
 # task.* keys that say where and how much data to build; every other task.* key is an
 # argument of the task's factory.
 TASK_DATA_KEYS = ("name", "data_dir", "num_train", "num_test", "data_seed")
 # model.* keys that are not the architecture.
 MODEL_RUN_KEYS = ("init",)
-TOKENIZERS = ("byte",)
 INITS = ("random", "warmstart")
+TOKENIZERS = {"byte": ByteTokenizer}
 REPLAY_MODES = ("fixed", "auto")
 
 
@@ -122,6 +123,26 @@ def sampler_kwargs(config) -> dict[str, Any]:
     )
 
 
+def make_tokenizer(config):
+    """tokenizer.name -> the tokenizer ('byte': one token per UTF-8 byte)."""
+    return TOKENIZERS[config.tokenizer.name]()
+
+
+def make_schedule(config) -> schedules.Schedule:
+    rc = config.replay
+    if rc.mode == "fixed":
+        return schedules.EveryStep(rc.max_age or None)
+    return auto_replay.AutoReplayController(
+        rollouts_per_generation=rollouts_per_step(config),
+        batch_size=config.train.batch_size,
+        capacity=rc.capacity,
+        mu_override=rc.mu or None,
+        update_every=rc.auto_every,
+        max_period=auto_max_period(config),
+        design=rc.auto_design,
+    )
+
+
 def task_kwargs(config) -> dict[str, Any]:
     return {k: v for k, v in config.task.to_dict().items() if k not in TASK_DATA_KEYS}
 
@@ -166,7 +187,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "rollout.group_size=1 with loss.normalize_std=True: group-normalised advantages "
         "need group_size >= 2",
     )
-    one_of(config, "tokenizer.name", TOKENIZERS)
+    one_of(config, "tokenizer.name", tuple(TOKENIZERS))
     one_of(config, "model.init", INITS)
 
     # Choices.

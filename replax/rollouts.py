@@ -18,12 +18,15 @@ the train step's batch and the benchmark are built from.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from replax import objectives
+from replax import evaluation, objectives
 from replax import replay as replay_lib
 
 # Per-rollout fields the sampler adds to a stored rollout when it is drawn for training:
@@ -53,6 +56,43 @@ def batch_spec(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]
         **{k: jax.ShapeDtypeStruct((), t) for k, t in SAMPLE_FIELDS.items()},
     }
     return {k: jax.ShapeDtypeStruct((batch_size, *v.shape), v.dtype) for k, v in rows.items()}
+
+
+@dataclasses.dataclass
+class Fresh:
+    """One step's completions on the host side, scored: R = prompts x G rows."""
+
+    prompt_ids: Any  # int32[R, P]
+    prompt_mask: Any  # bool[R, P]
+    completion: dict[str, Any]  # tokens int32[R, T], mask bool[R, T], logprobs f32[R, T]
+    rewards: np.ndarray  # float32[R]
+    reward_errors: int
+    lengths: np.ndarray | None  # int[R] completion lengths; None: nothing generated
+
+
+def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Fresh:
+    """G completions of each prompt of a batch (prompt_ids, prompt_mask, answer) with the
+    jitted sampler, scored by the task on the host: the step's one round trip."""
+    prompt_ids = np.repeat(prompts["prompt_ids"], group_size, axis=0)
+    prompt_mask = np.repeat(prompts["prompt_mask"], group_size, axis=0)
+    out = sampler.generate(params, prompt_ids, prompt_mask, rng)
+    answers = np.repeat(prompts["answer"], group_size)
+    rewards, errors = evaluation.score(task, tokenizer, np.asarray(out.tokens), answers)
+    completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
+    return Fresh(prompt_ids, prompt_mask, completion, rewards, errors, np.asarray(out.lengths))
+
+
+def nothing_generated(r: int, prompt_len: int, new_tokens: int) -> Fresh:
+    """Zeros of a generating step's shapes: what a step without generation feeds
+    add_and_sample, which stores none of it."""
+    zeros = lambda n, dtype: np.zeros((r, n), dtype)
+    completion = {
+        "tokens": zeros(new_tokens, np.int32),
+        "mask": zeros(new_tokens, bool),
+        "logprobs": zeros(new_tokens, np.float32),
+    }
+    rewards = np.zeros(r, np.float32)
+    return Fresh(zeros(prompt_len, np.int32), zeros(prompt_len, bool), completion, rewards, 0, None)
 
 
 def make_rollouts(

@@ -23,7 +23,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import tensorflow_datasets as tfds
 
 from replax import auto_replay, evaluation, rollouts, schedules, sharding
@@ -37,9 +36,6 @@ from replax import sampler as sampler_lib
 from replax import train_step as train_step_lib
 from replax import warmstart as warmstart_lib
 from replax.tasks import Example
-from replax.tokenizer import ByteTokenizer
-
-TOKENIZERS = {"byte": lambda config: ByteTokenizer()}
 
 
 @dataclasses.dataclass
@@ -79,21 +75,6 @@ class Data:
     evaluator: evaluation.Evaluator
 
 
-def make_schedule(config) -> schedules.Schedule:
-    rc = config.replay
-    if rc.mode == "fixed":
-        return schedules.EveryStep(rc.max_age or None)
-    return auto_replay.AutoReplayController(
-        rollouts_per_generation=cfg.rollouts_per_step(config),
-        batch_size=config.train.batch_size,
-        capacity=rc.capacity,
-        mu_override=rc.mu or None,
-        update_every=rc.auto_every,
-        max_period=cfg.auto_max_period(config),
-        design=rc.auto_design,
-    )
-
-
 def build(config, workdir: str) -> Run:
     """Constructs a run's parts from a validated config; reads and writes nothing."""
     cfg.validate(config)
@@ -102,8 +83,8 @@ def build(config, workdir: str) -> Run:
     mesh = sharding.make_mesh(config.mesh.shape)
     mcfg = cfg.model_config(config)
     model = model_lib.Transformer(mcfg)
-    tokenizer = TOKENIZERS[config.tokenizer.name](config)
-    schedule = make_schedule(config)
+    tokenizer = cfg.make_tokenizer(config)
+    schedule = cfg.make_schedule(config)
     buffer = replay_lib.make_replay_buffer(
         num_shards=sharding.data_parallel_size(mesh, rules), **cfg.replay_buffer_kwargs(config)
     )
@@ -280,62 +261,90 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
         checkpointer.close()
 
 
+@dataclasses.dataclass
+class LoopState:
+    """What the loop carries across steps besides the device states; checkpointed."""
+
+    step: int
+    account: metrics_lib.ComputeAccount
+    base_accuracy: float | None
+    wall_s: float
+    schedule: schedules.Schedule
+
+    def state_dict(self, wall_s: float) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "account": self.account.as_dict(),
+            "base_accuracy": self.base_accuracy,
+            "wall_s": wall_s,
+            "auto_replay": self.schedule.state_dict(),
+        }
+
+
+def restore(run: Run, checkpointer, train_state, replay_state, prompt_iter, log=print):
+    """The states of the latest checkpoint (the prompt iterator restored in place), or
+    the given fresh ones at step 0. Returns (train_state, replay_state, LoopState)."""
+    loop = LoopState(0, metrics_lib.ComputeAccount(), None, 0.0, run.schedule)
+    latest = checkpointer.latest_step()
+    if latest is None:
+        return train_state, replay_state, loop
+    train_state, replay_state, saved = checkpointer.restore(
+        latest, train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter
+    )
+    if saved.get("auto_replay"):
+        loop.schedule = auto_replay.AutoReplayController.from_state_dict(saved["auto_replay"])
+    loop.step, loop.wall_s = saved["step"], saved["wall_s"]
+    loop.base_accuracy = saved["base_accuracy"]
+    loop.account = metrics_lib.ComputeAccount(**saved["account"])
+    log(f"resumed from step {loop.step}")
+    return train_state, replay_state, loop
+
+
 def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=print):
     """The RL loop from the latest checkpoint (or step 0) to total_steps."""
-    c, schedule, evaluator = run.config, run.schedule, data.evaluator
-    r, group = run.rollouts_per_step, c.rollout.group_size
-    prompt_iter = iter(data.prompts)
-    account, start_step, base_accuracy, wall_offset = metrics_lib.ComputeAccount(), 0, None, 0.0
-    latest = checkpointer.latest_step()
-    if latest is not None:
-        train_state, replay_state, loop_state = checkpointer.restore(
-            latest, train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter
-        )
-        start_step, wall_offset = loop_state["step"], loop_state["wall_s"]
-        account = metrics_lib.ComputeAccount(**loop_state["account"])
-        base_accuracy = loop_state["base_accuracy"]
-        if loop_state.get("auto_replay"):
-            schedule = auto_replay.AutoReplayController.from_state_dict(loop_state["auto_replay"])
-        log(f"resumed from step {start_step}")
-    if base_accuracy is None:
-        base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
-        log(f"base held-out accuracy {base_accuracy:.3f}")
-    writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start_step)
-    bar = metrics_lib.ProgressBar(c.total_steps, start_step)
-    # What a step without generation feeds add_and_sample, which stores none of it.
-    idle = _placeholder_rollouts(r, c.rollout.max_prompt_len, c.rollout.max_new_tokens)
-    base_key, t_start, record = jax.random.key(c.seed), time.time() - wall_offset, {}
+    c, evaluator, prompt_iter = run.config, data.evaluator, iter(data.prompts)
+    train_state, replay_state, loop = restore(
+        run, checkpointer, train_state, replay_state, prompt_iter, log
+    )
+    schedule, account = loop.schedule, loop.account
+    if loop.base_accuracy is None:
+        loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
+        log(f"base held-out accuracy {loop.base_accuracy:.3f}")
+    writer = metrics_lib.MetricsWriter(run.workdir, resume_step=loop.step)
+    bar = metrics_lib.ProgressBar(c.total_steps, loop.step)
+    idle = rollouts.nothing_generated(
+        run.rollouts_per_step, c.rollout.max_prompt_len, c.rollout.max_new_tokens
+    )
+    base_key, record = jax.random.key(c.seed), {}
+    t_start = time.time() - loop.wall_s
     spent = lambda: bool(c.total_rollouts) and account.gen_rollouts >= c.total_rollouts
-    for step in range(start_step, c.total_steps):
+    for step in range(loop.step, c.total_steps):
         if spent():
             break  # a resumed run that had already spent its rollout budget
         gen_key, sample_key, eval_key = jax.random.split(jax.random.fold_in(base_key, step), 3)
         generated, max_age = schedule.should_generate(step), schedule.max_age()
         # GENERATE R rollouts (G completions of each prompt), SCORE them on the host.
         t0 = time.time()
+        fresh = idle
         if generated:
-            prompts = next(prompt_iter)
-            prompt_ids = np.repeat(prompts["prompt_ids"], group, axis=0)
-            prompt_mask = np.repeat(prompts["prompt_mask"], group, axis=0)
-            out = run.sampler.generate(train_state.params, prompt_ids, prompt_mask, gen_key)
-            completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
-            completion_tokens = np.asarray(out.tokens)
-            gen_s = time.time() - t0
-            answers = np.repeat(prompts["answer"], group)
-            rewards, reward_errors = evaluation.score(
-                run.task, run.tokenizer, completion_tokens, answers
+            fresh = rollouts.generate_and_score(
+                run.sampler,
+                run.task,
+                run.tokenizer,
+                c.rollout.group_size,
+                train_state.params,
+                next(prompt_iter),
+                gen_key,
             )
-        else:
-            prompt_ids, prompt_mask, completion, rewards = idle
-            reward_errors, gen_s = 0, 0.0
+        gen_s = time.time() - t0 if generated else 0.0
         # ADD, SAMPLE, STEP on the devices.
         t1 = time.time()
         replay_state, batch, stats = run.add_and_sample(
             replay_state,
-            prompt_ids,
-            prompt_mask,
-            completion,
-            jnp.asarray(rewards),
+            fresh.prompt_ids,
+            fresh.prompt_mask,
+            fresh.completion,
+            jnp.asarray(fresh.rewards),
             jnp.int32(step),
             sample_key,
             jnp.bool_(generated),
@@ -345,46 +354,37 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=
         step_metrics, stats = jax.device_get((step_metrics, stats))
         train_s = time.time() - t1
         # ACCOUNTING AND METRICS
-        lengths = np.asarray(out.lengths) if generated else None
-        _account(account, run, lengths, gen_s, train_s)
+        _account(account, run, fresh.lengths, gen_s, train_s)
+        kept = int(stats["rollouts_kept"]) if generated else None
         schedule.observe(
-            gen_s=gen_s if generated else None,
-            train_s=train_s,
-            stats=step_metrics,
-            kept=int(stats["rollouts_kept"]) if generated else None,
+            gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
         )
         record = {
             "wall_s": time.time() - t_start,
             **account.as_dict(),
             "mu_measured": account.mu_measured(),
             # A step that generates nothing has no reward to report.
-            "reward_mean": float(rewards.mean()) if generated else None,
-            "reward_errors": reward_errors,
+            "reward_mean": float(fresh.rewards.mean()) if generated else None,
+            "reward_errors": fresh.reward_errors,
             **stats,
             **step_metrics,
             **schedule.metrics(),
         }
-        done = step + 1
-        last = done == c.total_steps or spent()
-        if c.eval.every and (done % c.eval.every == 0 or last):
+        loop.step = step + 1
+        last = loop.step == c.total_steps or spent()
+        if c.eval.every and (loop.step % c.eval.every == 0 or last):
             record.update(evaluator(train_state.params, eval_key))
-        if done % c.log_every == 0 or "eval_accuracy" in record:
-            writer.write(done, record)
+        if loop.step % c.log_every == 0 or "eval_accuracy" in record:
+            writer.write(loop.step, record)
         tokens_per_s = account.gen_tokens / max(account.gen_s, 1e-9)
-        bar.update(done, record["reward_mean"], tokens_per_s, record.get("eval_accuracy"))
-        if done % c.checkpoint_every == 0 or last:
-            loop_state = {
-                "step": done,
-                "account": account.as_dict(),
-                "base_accuracy": base_accuracy,
-                "wall_s": time.time() - t_start,
-                "auto_replay": schedule.state_dict(),
-            }
+        bar.update(loop.step, record["reward_mean"], tokens_per_s, record.get("eval_accuracy"))
+        # CHECKPOINT
+        if loop.step % c.checkpoint_every == 0 or last:
             checkpointer.save(
-                done,
+                loop.step,
                 train_state=train_state,
                 replay_state=replay_state,
-                loop_state=loop_state,
+                loop_state=loop.state_dict(wall_s=time.time() - t_start),
                 data_iterator=prompt_iter,
             )
         if last:
@@ -395,23 +395,12 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=
     if final is None:
         final = evaluator.accuracy(train_state.params, jax.random.key(0))
     return {
-        "base_accuracy": base_accuracy,
+        "base_accuracy": loop.base_accuracy,
         "final_accuracy": final,
         "steps": account.steps,
         "wall_s": time.time() - t_start,
         **account.as_dict(),
     }
-
-
-def _placeholder_rollouts(r: int, prompt_len: int, new_tokens: int):
-    """Zero prompts, completions and rewards of the shapes a generating step has."""
-    completion = {
-        "tokens": np.zeros((r, new_tokens), np.int32),
-        "mask": np.zeros((r, new_tokens), bool),
-        "logprobs": np.zeros((r, new_tokens), np.float32),
-    }
-    prompt_ids = np.zeros((r, prompt_len), np.int32)
-    return prompt_ids, prompt_ids.astype(bool), completion, np.zeros(r, np.float32)
 
 
 def _account(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:
