@@ -125,10 +125,9 @@ def warm_start(
     if os.path.exists(info_path):
         with open(info_path) as f:
             info = json.load(f)
-        abstract = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params
+        params = checkpointer.restore(
+            os.path.join(path, "params"), sharding.abstract_like(state.params)
         )
-        params = checkpointer.restore(os.path.join(path, "params"), abstract)
         log(f"warm start: reusing {path} (base accuracy {info['base_accuracy']:.3f})")
         return params, {**info, "cached": True}
 
