@@ -4,13 +4,10 @@ import json
 import math
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from replax import auto_replay
-from replax import train_step as train_step_lib
 from replax.auto_replay import (
     AutoReplayController,
     numeric_optimal_design,
@@ -312,111 +309,6 @@ def test_state_round_trip_through_json():
     assert AutoReplayController.from_state_dict(old).kept == 1.0
 
 
-# ------------------------------------------------------------ half-batch statistics
-
-
-def test_half_batch_gradient_stats_against_numpy():
-    # Loss of a half = mean over its rows of w . x_i: the gradient is the rows' mean.
-    rng = np.random.default_rng(0)
-    features = rng.normal(size=(8, 3)).astype(np.float32)
-    age = np.array([5, 0, 3, 1, 7, 0, 2, 6], np.int32)
-    batch = {"features": jnp.asarray(features), "age": jnp.asarray(age)}
-
-    def grad_fn(w, half):
-        grads = jax.grad(lambda w: jnp.mean(half["features"] @ w))(w)
-        return grads, {"loss_max": jnp.max(half["features"]), "loss": jnp.mean(half["features"])}
-
-    grads, metrics, stats = jax.jit(train_step_lib.half_batch_gradient_stats, static_argnums=0)(
-        grad_fn, jnp.zeros(3), batch
-    )
-    order = np.argsort(age, kind="stable")
-    fresh, stale = features[order[:4]].mean(0), features[order[4:]].mean(0)
-    np.testing.assert_allclose(grads, features.mean(0), rtol=1e-5)
-    np.testing.assert_allclose(stats["halves_cross"], fresh @ stale, rtol=1e-5)
-    np.testing.assert_allclose(
-        stats["halves_noise_fresh"], fresh @ fresh - fresh @ stale, rtol=1e-5
-    )
-    np.testing.assert_allclose(
-        stats["halves_noise_stale"], stale @ stale - fresh @ stale, rtol=1e-5
-    )
-    assert float(stats["halves_age_fresh"]) == pytest.approx(np.mean([0, 0, 1, 2]))
-    assert float(stats["halves_age_stale"]) == pytest.approx(np.mean([3, 5, 6, 7]))
-    assert float(metrics["loss_max"]) == pytest.approx(features.max())
-    assert float(metrics["loss"]) == pytest.approx(features.mean(), rel=1e-5)
-
-
-def test_train_step_with_half_batch_stats_matches_the_plain_step():
-    """With a per-sequence mean loss the mean of the halves' gradients is the batch
-    gradient, so the flag changes nothing but the extra statistics."""
-    import optax
-
-    from replax import model as model_lib
-    from replax import objectives, sharding, train_step
-
-    rules = sharding.validate_rules(
-        (
-            ("batch", "data"),
-            ("buffer", "data"),
-            ("length", None),
-            ("embed", None),
-            ("heads", None),
-            ("kv_heads", None),
-            ("head_dim", None),
-            ("mlp", None),
-            ("vocab", None),
-        )
-    )
-    mesh = sharding.make_mesh((-1, 1, 1))
-    config = model_lib.ModelConfig(
-        vocab_size=16,
-        num_layers=1,
-        d_model=16,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=8,
-        mlp_dim=32,
-        max_len=8,
-    )
-    model = model_lib.Transformer(config)
-    optimizer = optax.sgd(1.0)
-    loss = objectives.LossConfig(name="ppo", aggregation="sequence_mean")
-    rng = np.random.default_rng(0)
-    batch_size, length = 16, 8
-    batch = {
-        "tokens": rng.integers(0, 16, (batch_size, length)).astype(np.int32),
-        "attention_mask": np.ones((batch_size, length), bool),
-        "loss_mask": np.tile(np.arange(length) >= 4, (batch_size, 1)).astype(np.float32),
-        "behaviour_logprobs": np.full((batch_size, length), -2.7, np.float32),
-        "advantage": rng.normal(size=batch_size).astype(np.float32),
-        "reward": np.zeros(batch_size, np.float32),
-        "baseline": np.zeros(batch_size, np.float32),
-        "importance_weights": np.ones(batch_size, np.float32),
-        "age": rng.integers(0, 6, batch_size).astype(np.int32),
-        "times_sampled": np.zeros(batch_size, np.int32),
-    }
-    batch_sharding = train_step.batch_shardings(mesh, rules, batch)
-    params = {}
-    for flag in (False, True):
-        state, shardings = train_step.init_train_state(
-            model, optimizer, jax.random.key(0), mesh, rules
-        )
-        step = train_step.make_train_step(
-            model, optimizer, loss, mesh, rules, shardings, batch_sharding, half_batch_stats=flag
-        )
-        state, metrics = step(state, batch)
-        params[flag] = jax.device_get(state.params)
-        if flag:
-            assert set(auto_replay.STAT_KEYS) <= set(metrics)
-            ages = np.sort(batch["age"])
-            assert float(metrics["halves_age_fresh"]) == pytest.approx(ages[:8].mean())
-            assert float(metrics["halves_age_stale"]) == pytest.approx(ages[8:].mean())
-            noise = float(metrics["halves_noise_fresh"]) + float(metrics["halves_noise_stale"])
-            assert noise > 0
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params[False], params[True]
-    )
-
-
 # ------------------------------------------------------------ the trainer in auto mode
 
 AUTO_MICRO = {
@@ -473,6 +365,8 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
     assert generated[0] == 1 and 2 <= sum(generated) < 8
     assert records[-1]["gen_rollouts"] == 8 * sum(generated)
     assert records[-1]["train_rollouts"] == 16 * 8
+    # A step that generated nothing has no reward, not the last generating step's.
+    assert all((r["reward_mean"] is None) == (not r["auto_generate"]) for r in records)
     keys = ("auto_mu", "auto_alpha", "auto_rho", "auto_kept", "auto_y", "auto_x")
     for key in (*keys, *auto_replay.STAT_KEYS):
         assert key in records[-1], key
