@@ -208,19 +208,26 @@ def make_train_step(
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
                 state.params, state.reference_params, batch
             )
-        # OPTIMIZER UPDATE
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        # STALENESS STATISTICS
+        # OPTIMIZER UPDATE, skipped whole when the loss, the gradient or the update is not
+        # finite: one bad batch (or a rate that overflows) must not turn the parameters or
+        # Adam's moments into NaN.
         metrics = dict(metrics)
+        grad_norm = optax.tree_utils.tree_norm(grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        update_norm = optax.tree_utils.tree_norm(updates)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
+        params = optax.apply_updates(state.params, updates)
+        updated = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+        metrics["skipped"] = (~finite).astype(jnp.int32)
+        metrics["grad_norm"] = grad_norm
+        # STALENESS STATISTICS
         # The batch's token entropy; `entropy` in metrics.jsonl is the held-out one.
         if "entropy" in metrics:
             metrics["train_entropy"] = metrics.pop("entropy")
-        metrics["grad_norm"] = optax.tree_utils.tree_norm(grads)
         metrics["replay_age_mean"] = jnp.mean(batch["age"].astype(jnp.float32))
         metrics["replay_age_max"] = jnp.max(batch["age"])
         metrics["replay_reuse_mean"] = jnp.mean(batch["times_sampled"].astype(jnp.float32))
-        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 
     return sharding.jit_state_step(step, mesh, rules, state_shardings, batch_sharding)

@@ -270,6 +270,8 @@ class LoopState:
     base_accuracy: float | None
     wall_s: float
     schedule: schedules.Schedule
+    # Steps whose loss, gradient or update was not finite: they changed nothing.
+    skipped_steps: int = 0
 
     def state_dict(self, wall_s: float) -> dict[str, Any]:
         return {
@@ -278,6 +280,7 @@ class LoopState:
             "base_accuracy": self.base_accuracy,
             "wall_s": wall_s,
             "auto_replay": self.schedule.state_dict(),
+            "skipped_steps": self.skipped_steps,
         }
 
 
@@ -296,6 +299,7 @@ def restore(run: Run, checkpointer, train_state, replay_state, prompt_iter, log=
     loop.step, loop.wall_s = saved["step"], saved["wall_s"]
     loop.base_accuracy = saved["base_accuracy"]
     loop.account = metrics_lib.ComputeAccount(**saved["account"])
+    loop.skipped_steps = saved.get("skipped_steps", 0)
     log(f"resumed from step {loop.step}")
     return train_state, replay_state, loop
 
@@ -353,6 +357,7 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=
         train_state, step_metrics = run.train_step(train_state, batch)
         step_metrics, stats = jax.device_get((step_metrics, stats))
         train_s = time.time() - t1
+        loop.skipped_steps += int(step_metrics.pop("skipped"))
         # ACCOUNTING AND METRICS
         _account(account, run, fresh.lengths, gen_s, train_s)
         kept = int(stats["rollouts_kept"]) if generated else None
@@ -366,6 +371,7 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=
             # A step that generates nothing has no reward to report.
             "reward_mean": float(fresh.rewards.mean()) if generated else None,
             "reward_errors": fresh.reward_errors,
+            "skipped_steps": loop.skipped_steps,
             **stats,
             **step_metrics,
             **schedule.metrics(),

@@ -113,8 +113,45 @@ def test_the_step_compiles_once_over_several_calls():
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
-    assert step.jitted._cache_size() == 1
     assert int(state.step) == 4
+
+
+@pytest.mark.parametrize("poison", ["advantage", "behaviour_logprobs"])
+def test_a_non_finite_step_changes_nothing_and_is_counted(initial_params, poison):
+    state, step = build((2, 2, 2), params=initial_params)
+    bad = make_batch(1)
+    bad[poison] = np.full_like(bad[poison], np.nan)
+    before = jax.device_get((state.params, state.opt_state, state.step))
+    state, metrics = step(state, bad)
+    assert int(metrics["skipped"]) == 1
+    after = jax.device_get((state.params, state.opt_state, state.step))
+    jax.tree.map(np.testing.assert_array_equal, after, before)
+    # The next finite batch trains as usual.
+    state, metrics = step(state, make_batch(2))
+    assert int(metrics["skipped"]) == 0 and int(state.step) == 1
+    moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), jax.device_get(state.params), before[0])
+    assert max(jax.tree.leaves(moved)) > 0
+
+
+def test_an_overflowing_update_is_skipped(initial_params):
+    huge = train_step_lib.make_optimizer(train_step_lib.OptimizerConfig(learning_rate=1e38))
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    state, shardings = train_step_lib.init_train_state(
+        MODEL, huge, jax.random.key(0), mesh, RULES, params=initial_params
+    )
+    step = train_step_lib.make_train_step(
+        MODEL,
+        huge,
+        objectives.LossConfig(name="ppo"),
+        mesh,
+        RULES,
+        shardings,
+        train_step_lib.batch_shardings(mesh, RULES, make_batch(0)),
+    )
+    state, metrics = step(state, make_batch(0))
+    assert int(metrics["skipped"]) == 1 and int(state.step) == 0
+    finite = jax.tree.map(lambda x: bool(np.isfinite(x).all()), jax.device_get(state.params))
+    assert all(jax.tree.leaves(finite))
 
 
 def test_the_8_device_mesh_shards_parameters_and_matches_one_device(initial_params):
