@@ -12,22 +12,14 @@ import os
 from typing import Any
 
 import grain
-import jax
 import orbax.checkpoint as ocp
 
-
-def _abstract(tree):
-    """ShapeDtypeStructs carrying each array's sharding: the restore target."""
-
-    def leaf(x):
-        if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-        return x
-
-    return jax.tree_util.tree_map(leaf, tree)
+from replax.sharding import abstract_like
 
 
 class Checkpointer:
+    """Steps saved under `directory`/<step>, the newest `max_to_keep` kept."""
+
     def __init__(self, directory: str, *, max_to_keep: int = 2, asynchronous: bool = True):
         self.directory = os.path.abspath(directory)
         self.manager = ocp.CheckpointManager(
@@ -68,8 +60,8 @@ class Checkpointer:
         in place.
         """
         args = {
-            "train_state": ocp.args.StandardRestore(_abstract(train_state)),
-            "replay_state": ocp.args.StandardRestore(_abstract(replay_state)),
+            "train_state": ocp.args.StandardRestore(abstract_like(train_state)),
+            "replay_state": ocp.args.StandardRestore(abstract_like(replay_state)),
             "loop_state": ocp.args.JsonRestore(),
         }
         if data_iterator is not None:
@@ -81,11 +73,8 @@ class Checkpointer:
         """Restores the train state alone (params and optimizer state), into the structure
         and shardings of `train_state`: what evaluation needs, and readable whatever the
         replay store's layout was when the checkpoint was written."""
-        args = ocp.args.Composite(train_state=ocp.args.StandardRestore(_abstract(train_state)))
+        args = ocp.args.Composite(train_state=ocp.args.StandardRestore(abstract_like(train_state)))
         return self.manager.restore(step, args=args)["train_state"]
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.wait_until_finished()

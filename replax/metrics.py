@@ -54,7 +54,7 @@ class MetricsWriter:
         self._file.flush()
         if self._tb is not None:
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and value is not None:
+                if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
 
     def close(self) -> None:
@@ -80,7 +80,7 @@ class ComputeAccount:
     # Rollouts generated and trained on; with gen_s/train_s they give the measured mu.
     gen_rollouts: int = 0
     train_rollouts: int = 0
-    # The paper's cost model in units of training one rollout: sum over steps of B + mu R.
+    # Train steps taken.
     steps: int = 0
 
     def mu_measured(self) -> float | None:
@@ -88,9 +88,6 @@ class ComputeAccount:
         if not (self.gen_rollouts and self.train_rollouts and self.train_s > 0):
             return None
         return (self.gen_s / self.gen_rollouts) / (self.train_s / self.train_rollouts)
-
-    def modelled_cost(self, mu: float) -> float:
-        return self.train_rollouts + mu * self.gen_rollouts
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,12 +103,17 @@ class ProgressBar:
         self.stream = stream
         self.enabled = stream.isatty()
         self.last_accuracy = None
+        self.last_reward = 0.0
 
     def update(
-        self, step: int, reward: float, tokens_per_s: float, accuracy: float | None = None
+        self, step: int, reward: float | None, tokens_per_s: float, accuracy: float | None = None
     ) -> None:
+        """reward: this step's mean reward, None on a step that generated nothing (the bar
+        keeps showing the last one)."""
         if accuracy is not None:
             self.last_accuracy = accuracy
+        if reward is not None:
+            self.last_reward = reward
         done = step - self.start_step
         elapsed = time.time() - self.t0
         eta = elapsed / max(done, 1) * (self.total - step)
@@ -120,7 +122,7 @@ class ProgressBar:
         acc = "  -  " if self.last_accuracy is None else f"{100 * self.last_accuracy:5.1f}%"
         line = (
             f"\r[{'#' * filled}{'.' * (width - filled)}] step {step}/{self.total} "
-            f"reward {reward:.3f} acc {acc} {tokens_per_s:,.0f} tok/s ETA {eta:4.0f}s"
+            f"reward {self.last_reward:.3f} acc {acc} {tokens_per_s:,.0f} tok/s ETA {eta:4.0f}s"
         )
         if self.enabled:
             self.stream.write(line)

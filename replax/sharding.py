@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -45,14 +46,22 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
+def is_multi_host(environ=os.environ) -> bool:
+    """Whether the launcher started several processes: an explicit coordinator, a TPU
+    slice of more than one host, or a SLURM job of more than one task."""
+    if environ.get("JAX_COORDINATOR_ADDRESS"):
+        return True
+    tpu_hosts = environ.get("TPU_WORKER_HOSTNAMES", "localhost")
+    if len(tpu_hosts.split(",")) > 1:
+        return True
+    return int(environ.get("SLURM_NTASKS", "1")) > 1
+
+
 def maybe_initialize_distributed() -> None:
-    """jax.distributed.initialize() when launched on several hosts (TPU pods, SLURM, ...)."""
-    multi_host = any(
-        v in os.environ for v in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES", "SLURM_NTASKS")
-    )
-    if multi_host and os.environ.get("TPU_WORKER_HOSTNAMES", "localhost") != "localhost":
-        if not jax.distributed.is_initialized():
-            jax.distributed.initialize()
+    """jax.distributed.initialize() when launched on several hosts (TPU pods, SLURM, ...);
+    jax reads the coordinator and process ids from the same environment."""
+    if is_multi_host() and not jax.distributed.is_initialized():
+        jax.distributed.initialize()
 
 
 def validate_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, int, int]:
@@ -86,8 +95,9 @@ def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     shape = validate_mesh_shape(mesh_shape, len(devices))
     try:
-        device_array = jax.experimental.mesh_utils.create_device_mesh(shape, devices=devices)
-    except Exception:  # noqa: BLE001 - fall back to plain order (e.g. CPU).
+        # Orders devices along the physical interconnect (TPU torus, GPU hosts).
+        device_array = mesh_utils.create_device_mesh(shape, devices=devices)
+    except (ValueError, NotImplementedError):  # a topology it cannot lay out: plain order
         device_array = np.asarray(devices).reshape(shape)
     return Mesh(device_array, MESH_AXES)
 
@@ -154,16 +164,23 @@ def check_batch(name: str, size: int, mesh: Mesh, rules) -> None:
         )
 
 
-def tree_shardings(mesh: Mesh, logical_tree, rules):
-    """Maps a pytree of logical-axis tuples (or nn.Partitioned boxes) to NamedShardings."""
-    specs = nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
-    return specs
-
-
 def params_shardings(mesh: Mesh, abstract_variables, rules):
     """NamedShardings for (boxed) abstract parameters from `jax.eval_shape(model.init, ...)`."""
     logical = nn.get_partition_spec(abstract_variables)
     return nn.logical_to_mesh_sharding(logical, mesh, rules)
+
+
+def abstract_like(tree):
+    """ShapeDtypeStructs with the shape, dtype and sharding of each jax.Array in `tree`
+    (other leaves pass through): the target that restores a checkpoint, or compiles a
+    function, into the layout `tree` already has."""
+
+    def leaf(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return x
+
+    return jax.tree_util.tree_map(leaf, tree)
 
 
 @contextlib.contextmanager

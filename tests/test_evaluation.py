@@ -1,12 +1,18 @@
-"""Scoring and pass@k: a reward function that raises scores 0 and is counted."""
+"""Tests for replax/evaluation.py: scoring (a reward function that raises scores 0 and is
+counted), pass@k against enumeration, and the Evaluator's bookkeeping over scripted
+samplers."""
 
 import itertools
 
 import numpy as np
+import pytest
 
 from replax import evaluation
-from replax.tasks import Task
-from replax.tokenizer import ByteTokenizer
+from replax import model as model_lib
+from replax import sampler as sampler_lib
+from replax.tasks import Example, Task
+from replax.tasks.arith import EASY, ArithTask
+from replax.tokenizer import ByteTokenizer, encode_prompts
 
 
 class RaisingTask(Task):
@@ -40,3 +46,101 @@ def test_pass_at_k_matches_enumeration():
         subsets = list(itertools.combinations(outcomes, k))
         exact = np.mean([max(s) for s in subsets])
         np.testing.assert_allclose(evaluation.pass_at_k(n, np.array([c]), k)[0], exact)
+
+
+def brute_force_pass_at_k(n, c, k):
+    """Fraction of the k-subsets of n samples (c correct) that hold a correct one."""
+    outcomes = [1] * c + [0] * (n - c)
+    return np.mean([max(s) for s in itertools.combinations(outcomes, k)])
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (4, 1), (4, 2), (4, 4), (5, 2), (7, 5)])
+def test_pass_at_k_matches_enumeration_for_every_count(n, k):
+    correct = np.arange(n + 1)  # one prompt per possible count, in one call
+    expected = [brute_force_pass_at_k(n, c, k) for c in correct]
+    np.testing.assert_allclose(evaluation.pass_at_k(n, correct, k), expected, rtol=1e-12)
+
+
+def test_pass_at_k_by_hand():
+    # pass@1 is the fraction correct; 4 samples, 1 correct, k = 2: 1 - C(3,2)/C(4,2) = 1/2.
+    np.testing.assert_allclose(evaluation.pass_at_k(4, np.array([0, 1, 3]), 1), [0, 0.25, 0.75])
+    np.testing.assert_allclose(evaluation.pass_at_k(4, np.array([1]), 2), [0.5])
+
+
+# ---------------------------------------------------------------- Evaluator
+
+
+class ScriptedSampler:
+    """Stands in for a compiled sampler: returns fixed completions and records its inputs.
+    Row i's generated tokens (text + EOS) have log-prob -(i + 1) each."""
+
+    def __init__(self, tokenizer, completions):
+        self.tokenizer, self.completions, self.calls = tokenizer, completions, []
+
+    def generate(self, params, prompt_ids, prompt_mask, rng):
+        self.calls.append((np.asarray(prompt_ids), np.asarray(prompt_mask)))
+        assert len(prompt_ids) == len(self.completions)
+        width = 4
+        tokens = np.zeros((len(self.completions), width), np.int32)
+        mask = np.zeros((len(self.completions), width), bool)
+        for i, text in enumerate(self.completions):
+            ids = self.tokenizer.encode(text) + [self.tokenizer.eos_id]
+            tokens[i, : len(ids)], mask[i, : len(ids)] = ids, True
+        logprobs = np.where(mask, -(np.arange(len(tokens))[:, None] + 1.0), 0.0)
+        return sampler_lib.SampleOutput(
+            tokens=tokens, mask=mask, logprobs=logprobs.astype(np.float32), lengths=mask.sum(1)
+        )
+
+
+TOKENIZER = ByteTokenizer()
+# The Evaluator's own samplers are replaced by scripted ones: this model never runs.
+CONFIG = model_lib.ModelConfig(
+    vocab_size=TOKENIZER.vocab_size,
+    num_layers=1,
+    d_model=8,
+    num_heads=1,
+    num_kv_heads=1,
+    head_dim=8,
+    mlp_dim=16,
+    max_len=12,
+)
+
+
+def scripted_evaluator(examples, greedy, sampled, **kwargs):
+    evaluator = evaluation.Evaluator(
+        CONFIG, TOKENIZER, ArithTask(EASY), examples, max_prompt_len=6, max_new_tokens=4, **kwargs
+    )
+    evaluator.greedy = ScriptedSampler(TOKENIZER, greedy)
+    evaluator.sample = ScriptedSampler(TOKENIZER, sampled)
+    return evaluator
+
+
+def test_evaluator_scores_greedy_and_pass_at_k_rows_per_prompt():
+    examples = [Example("1+1=", "2"), Example("2+3=", "5"), Example("9-4=", "5")]
+    # Greedy: 2 of 3 right. Sampled, 2 per prompt for the first 2 prompts: prompt "1+1="
+    # gets "2" and "3" (1 of 2 right: pass@2 = 1), prompt "2+3=" gets "4", "4" (pass@2 = 0).
+    evaluator = scripted_evaluator(
+        examples, ["2", "6", "5"], ["2", "3", "4", "4"], pass_k=2, pass_k_prompts=2
+    )
+    result = evaluator(params=None, rng=None)
+
+    assert result["eval_accuracy"] == pytest.approx(2 / 3)
+    assert result["eval_pass_at_2"] == result["eval_pass_at_k"] == pytest.approx(0.5)
+    # Every sampled row has 2 generated tokens (digit, EOS) at log-prob -1, -2, -3, -4.
+    assert result["entropy"] == pytest.approx(2.5)
+    ((greedy_ids, greedy_mask),) = evaluator.greedy.calls
+    ((sample_ids, sample_mask),) = evaluator.sample.calls
+    prompt_ids, prompt_mask = encode_prompts(TOKENIZER, [e.prompt for e in examples], 6)
+    np.testing.assert_array_equal(greedy_ids, prompt_ids)
+    np.testing.assert_array_equal(greedy_mask, prompt_mask)
+    # Each prompt's k samples are adjacent rows: 1+1=, 1+1=, 2+3=, 2+3=.
+    np.testing.assert_array_equal(sample_ids, prompt_ids[[0, 0, 1, 1]])
+    np.testing.assert_array_equal(sample_mask, prompt_mask[[0, 0, 1, 1]])
+
+
+def test_evaluator_without_pass_at_k_runs_only_the_greedy_sampler():
+    examples = [Example("1+1=", "2"), Example("2+2=", "4")]
+    evaluator = scripted_evaluator(examples, ["2", "4"], [], pass_k=0)
+    assert evaluator.accuracy(None, None) == 1.0
+    assert evaluator(None, None) == {"eval_accuracy": 1.0}
+    assert evaluator.sample.calls == []

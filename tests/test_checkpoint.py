@@ -1,0 +1,163 @@
+"""Tests for replax/checkpoint.py: a save / restore round trip of everything a run carries
+(train state, replay store, loop state, grain data iterator), the train state alone,
+latest_step and max_to_keep. Restores go into peers whose every value is off by one, so
+equal values can only come from the checkpoint."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from replax import checkpoint, data, sharding
+from replax import model as model_lib
+from replax import train_step as train_step_lib
+from replax.metrics import ComputeAccount
+from replax.replay import make_replay_buffer
+from replax.tokenizer import ByteTokenizer
+
+CONFIG = model_lib.ModelConfig(
+    vocab_size=32,
+    num_layers=1,
+    d_model=16,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    max_len=8,
+)
+MODEL = model_lib.Transformer(CONFIG)
+RULES = sharding.validate_rules(sharding.DEFAULT_RULES)
+OPTIMIZER = train_step_lib.make_optimizer(train_step_lib.OptimizerConfig(learning_rate=1e-2))
+BUFFER = make_replay_buffer(capacity=8, num_shards=4)
+# Ten prompts "0+0=" ... "9+9=", batched two at a time, shuffled.
+SOURCE = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return sharding.make_mesh((2, 2, 2))
+
+
+def make_replay_state(mesh, first_id):
+    """A buffer of 8 slots (4 shards of 2) holding items first_id, ..., first_id + 3, one
+    per shard (tokens [id, -id])."""
+    example = {"tokens": jnp.zeros((2,), jnp.int32), "reward": jnp.zeros((), jnp.float32)}
+    state = BUFFER.init(example)
+    ids = jnp.arange(first_id, first_id + 4, dtype=jnp.int32)
+    items = {"tokens": jnp.stack([ids, -ids], axis=1), "reward": ids.astype(jnp.float32) / 10}
+    state = BUFFER.add(state, items, step=3)
+    return jax.device_put(state, BUFFER.state_sharding(state, mesh, ("data", "fsdp")))
+
+
+def make_iterator():
+    dataset = data.prompt_dataset(SOURCE, ByteTokenizer(), max_prompt_len=6, batch_size=2, seed=0)
+    return iter(dataset)
+
+
+def assert_trees_equal(actual, expected):
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        if jnp.issubdtype(e.dtype, jax.dtypes.prng_key):
+            a, e = jax.random.key_data(a), jax.random.key_data(e)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
+
+
+def assert_same_layout(actual, expected):
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        assert a.sharding.is_equivalent_to(e.sharding, a.ndim), (a.sharding, e.sharding)
+
+
+def off_by_one(tree):
+    """A peer of `tree`: same structure and layout, every value plus one."""
+    return jax.tree.map(lambda x: x + 1, tree)
+
+
+@pytest.fixture(scope="module")
+def saved(mesh, tmp_path_factory):
+    """A checkpoint at step 3 of a run, what it held, and the next two data batches."""
+    directory = str(tmp_path_factory.mktemp("checkpoints"))
+    train_state, _ = train_step_lib.init_train_state(
+        MODEL, OPTIMIZER, jax.random.key(0), mesh, RULES
+    )
+    replay_state = make_replay_state(mesh, first_id=1)
+    account = ComputeAccount(gen_tokens=120, gen_s=1.5, train_s=0.5, gen_rollouts=8, steps=3)
+    loop_state = {"step": 3, "account": account.as_dict(), "rng_key": [0, 42]}
+    iterator = make_iterator()
+    for _ in range(3):
+        next(iterator)
+    writer = checkpoint.Checkpointer(directory)
+    writer.save(
+        3,
+        train_state=train_state,
+        replay_state=replay_state,
+        loop_state=loop_state,
+        data_iterator=iterator,
+    )
+    writer.close()
+    return {
+        "directory": directory,
+        "train_state": train_state,
+        "replay_state": replay_state,
+        "loop_state": loop_state,
+        # What the saved run would have read next.
+        "following": [next(iterator) for _ in range(2)],
+    }
+
+
+def test_round_trip_restores_every_part_and_the_data_position(saved):
+    # A resumed run: fresh peers and an iterator at the start of the data.
+    peer_train = off_by_one(saved["train_state"])
+    peer_replay = off_by_one(saved["replay_state"])
+    peer_iterator = make_iterator()
+    reader = checkpoint.Checkpointer(saved["directory"])
+    assert reader.latest_step() == 3
+    train_out, replay_out, loop_out = reader.restore(
+        3, train_state=peer_train, replay_state=peer_replay, data_iterator=peer_iterator
+    )
+    reader.close()
+
+    assert_trees_equal(train_out, saved["train_state"])
+    assert_trees_equal(replay_out, saved["replay_state"])
+    valid = np.asarray(replay_out.valid, bool)
+    np.testing.assert_array_equal(np.asarray(replay_out.items["tokens"])[valid, 0], [1, 2, 3, 4])
+    assert_same_layout(train_out, saved["train_state"])
+    assert_same_layout(replay_out, saved["replay_state"])
+    assert loop_out == saved["loop_state"]
+    assert ComputeAccount(**loop_out["account"]).gen_tokens == 120
+    for expected in saved["following"]:
+        got = next(peer_iterator)
+        np.testing.assert_array_equal(got["index"], expected["index"])
+        np.testing.assert_array_equal(got["prompt_ids"], expected["prompt_ids"])
+
+
+def test_restore_train_state_alone(saved):
+    peer = off_by_one(saved["train_state"])
+    reader = checkpoint.Checkpointer(saved["directory"])
+    restored = reader.restore_train_state(3, train_state=peer)
+    reader.close()
+    assert_trees_equal(restored, saved["train_state"])
+    assert_same_layout(restored, peer)
+
+
+def test_latest_step_and_max_to_keep(tmp_path):
+    """Plain pytrees are enough for the bookkeeping: step k stores the value k."""
+    ckpt = checkpoint.Checkpointer(str(tmp_path), max_to_keep=2, asynchronous=False)
+    assert ckpt.latest_step() is None
+    for step in (1, 2, 3):
+        ckpt.save(
+            step,
+            train_state={"w": jnp.full((2,), float(step))},
+            replay_state={"n": jnp.int32(step)},
+            loop_state={"step": step},
+        )
+    assert ckpt.latest_step() == 3
+    ckpt.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["2", "3"]
+
+    reader = checkpoint.Checkpointer(str(tmp_path))
+    train, replay, loop = reader.restore(
+        2, train_state={"w": jnp.zeros((2,))}, replay_state={"n": jnp.int32(0)}
+    )
+    reader.close()
+    np.testing.assert_array_equal(train["w"], [2.0, 2.0])
+    assert int(replay["n"]) == 2 and loop == {"step": 2}

@@ -1,0 +1,166 @@
+"""Tests for replax/metrics.py: metrics.jsonl (one line per write, truncated on resume),
+the TensorBoard mirror, the compute account and the terminal progress bar."""
+
+import io
+import json
+import os
+import struct
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2
+
+from replax import metrics
+
+
+def lines(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return f.read().splitlines()
+
+
+def write_steps(workdir, steps, resume_step=-1):
+    writer = metrics.MetricsWriter(str(workdir), resume_step=resume_step)
+    for step in steps:
+        writer.write(step, {"reward_mean": step / 10})
+    writer.close()
+
+
+def read_scalars(workdir):
+    """(tag, step, value) of every scalar in the TensorBoard event files: TFRecord
+    framing (uint64 length, uint32 crc, payload, uint32 crc) around Event protos."""
+    tb_dir = os.path.join(workdir, "tensorboard")
+    scalars = []
+    for name in sorted(os.listdir(tb_dir)):
+        with open(os.path.join(tb_dir, name), "rb") as f:
+            blob = f.read()
+        pos = 0
+        while pos < len(blob):
+            (length,) = struct.unpack("<Q", blob[pos : pos + 8])
+            event = event_pb2.Event.FromString(blob[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                scalars.append((value.tag, event.step, value.simple_value))
+    return scalars
+
+
+def test_write_appends_one_json_line_per_call_with_plain_values(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write(1, {"reward_mean": np.float32(0.5), "gen_tokens": np.int64(12)})
+    writer.write(
+        2,
+        {
+            "loss": jnp.float32(0.25),
+            "lengths": np.array([3, 4]),
+            "is_ess": float("nan"),
+            "mu_measured": None,
+        },
+    )
+    writer.close()
+    assert lines(tmp_path) == [
+        '{"step": 1, "reward_mean": 0.5, "gen_tokens": 12}',
+        '{"step": 2, "loss": 0.25, "lengths": [3, 4], "is_ess": null, "mu_measured": null}',
+    ]
+    assert metrics.read_metrics(str(tmp_path)) == [
+        {"step": 1, "reward_mean": 0.5, "gen_tokens": 12},
+        {"step": 2, "loss": 0.25, "lengths": [3, 4], "is_ess": None, "mu_measured": None},
+    ]
+
+
+def test_resume_keeps_records_up_to_the_checkpoint_and_drops_the_rest(tmp_path):
+    write_steps(tmp_path, [1, 2, 3, 4, 5])
+    # Resumed from the checkpoint of step 3: steps 4 and 5 are written again.
+    write_steps(tmp_path, [4, 5, 6], resume_step=3)
+    records = metrics.read_metrics(str(tmp_path))
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["reward_mean"] for r in records] == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+
+
+def test_a_fresh_run_in_an_old_workdir_starts_an_empty_file(tmp_path):
+    write_steps(tmp_path, [1, 2, 3])
+    write_steps(tmp_path, [1])  # resume_step=-1: no checkpoint to resume from
+    assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1]
+
+
+def test_tensorboard_mirrors_the_numeric_values(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write(1, {"reward_mean": 0.5, "gen_tokens": 12, "mu_measured": None, "name": "a"})
+    writer.write(2, {"reward_mean": 0.75})
+    writer.close()
+    scalars = read_scalars(str(tmp_path))
+    assert sorted(scalars) == [
+        ("gen_tokens", 1, 12.0),
+        ("reward_mean", 1, 0.5),
+        ("reward_mean", 2, 0.75),
+    ]
+
+
+def test_mu_measured_is_generation_over_training_seconds_per_rollout():
+    # Generation: 6 s for 3 rollouts = 2 s each; training: 2 s for 4 rollouts = 0.5 s each.
+    account = metrics.ComputeAccount(gen_s=6.0, gen_rollouts=3, train_s=2.0, train_rollouts=4)
+    assert account.mu_measured() == pytest.approx(4.0)
+    account.gen_s += 6.0
+    account.gen_rollouts += 1  # 12 s / 4 = 3 s each
+    assert account.mu_measured() == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"gen_s": 1.0, "gen_rollouts": 2, "train_s": 0.0, "train_rollouts": 2},
+        {"gen_s": 1.0, "gen_rollouts": 0, "train_s": 1.0, "train_rollouts": 2},
+        {"gen_s": 1.0, "gen_rollouts": 2, "train_s": 1.0, "train_rollouts": 0},
+    ],
+)
+def test_mu_measured_is_none_before_both_phases_ran(fields):
+    assert metrics.ComputeAccount(**fields).mu_measured() is None
+
+
+def test_account_round_trips_through_json():
+    account = metrics.ComputeAccount(
+        gen_tokens=100, gen_flops=2e9, train_flops=6e9, gen_s=1.5, train_s=0.5, steps=3
+    )
+    restored = metrics.ComputeAccount(**json.loads(json.dumps(account.as_dict())))
+    assert restored == account
+
+
+class TerminalStream(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_draws_one_line_on_a_terminal(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(metrics.time, "time", lambda: clock[0])
+    stream = TerminalStream()
+    bar = metrics.ProgressBar(12, stream=stream)
+    clock[0] += 30.0  # 6 of 12 steps in 30 s: 30 s to go
+    bar.update(6, reward=0.25, tokens_per_s=1234.0, accuracy=0.5)
+    first = stream.getvalue()
+    assert first == (
+        "\r[############............] step 6/12 reward 0.250 acc  50.0% 1,234 tok/s ETA   30s"
+    )
+    bar.update(9, reward=0.5, tokens_per_s=10.0)  # no evaluation: the last accuracy stays
+    second = stream.getvalue()[len(first) :]
+    assert second.startswith("\r[##################......] step 9/12 reward 0.500 acc  50.0%")
+    bar.close()
+    assert stream.getvalue().endswith("\n")
+
+
+def test_progress_bar_counts_eta_from_the_resumed_step(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(metrics.time, "time", lambda: clock[0])
+    stream = TerminalStream()
+    bar = metrics.ProgressBar(20, start_step=10, stream=stream)
+    clock[0] = 5.0  # 2 steps since the resume in 5 s, 8 to go: 20 s
+    bar.update(12, reward=0.0, tokens_per_s=0.0)
+    assert stream.getvalue().endswith("acc   -   0 tok/s ETA   20s")
+
+
+def test_progress_bar_is_silent_when_not_a_terminal():
+    stream = io.StringIO()
+    bar = metrics.ProgressBar(4, stream=stream)
+    bar.update(1, reward=1.0, tokens_per_s=1.0, accuracy=1.0)
+    bar.close()
+    assert stream.getvalue() == ""
