@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import grain
+import jax
 import orbax.checkpoint as ocp
 
 from replax.sharding import abstract_like
@@ -75,6 +76,11 @@ class Checkpointer:
         replay store's layout was when the checkpoint was written."""
         args = ocp.args.Composite(train_state=ocp.args.StandardRestore(abstract_like(train_state)))
         return self.manager.restore(step, args=args)["train_state"]
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether JAX's preemption notice (multi-host: every process agrees on the step)
+        asks to save at this step; always False in a single process."""
+        return jax.process_count() > 1 and self.manager.reached_preemption(step)
 
     def close(self) -> None:
         self.manager.wait_until_finished()

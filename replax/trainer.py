@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import tensorflow_datasets as tfds
 
-from replax import auto_replay, evaluation, rollouts, schedules, sharding
+from replax import auto_replay, evaluation, rollouts, runtime, schedules, sharding
 from replax import checkpoint as checkpoint_lib
 from replax import configuration as cfg
 from replax import data as data_lib
@@ -246,19 +246,30 @@ def init_states(run: Run, params=None):
 
 
 def train(config, workdir: str, log=print) -> dict[str, Any]:
-    """Runs (or resumes) one RL run in workdir. Returns a summary dict."""
+    """Runs (or resumes) one RL run in workdir. Returns a summary dict.
+
+    Raises ConfigError before anything is written for a bad config or workdir, and
+    runtime.Preempted after checkpointing when SIGTERM or SIGINT stopped the run."""
+    runtime.check_workdir(workdir)
     run = build(config, workdir)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
+    runtime.check_resume_config(workdir, config.to_dict(), has_checkpoint)
     os.makedirs(workdir, exist_ok=True)
-    data = prepare_data(run)
-    checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
-    latest = checkpointer.latest_step()
-    # A resumed run restores its params: no warm start needed.
-    params = None if latest is not None else initial_params(run, data, log)
-    train_state, replay_state = init_states(run, params)
-    try:
-        return run_loop(run, data, checkpointer, train_state, replay_state, log=log)
-    finally:
-        checkpointer.close()
+    with runtime.WorkdirLock(workdir):
+        runtime.record_run_config(workdir, config.to_dict())
+        data = prepare_data(run)
+        checkpointer = checkpoint_lib.Checkpointer(ckpt_dir)
+        stop = runtime.StopRequest().install()
+        try:
+            # A resumed run restores its params: no warm start needed.
+            resuming = checkpointer.latest_step() is not None
+            params = None if resuming else initial_params(run, data, log)
+            train_state, replay_state = init_states(run, params)
+            return run_loop(run, data, checkpointer, train_state, replay_state, stop, log=log)
+        finally:
+            stop.restore()
+            checkpointer.close()
 
 
 @dataclasses.dataclass
@@ -304,8 +315,10 @@ def restore(run: Run, checkpointer, train_state, replay_state, prompt_iter, log=
     return train_state, replay_state, loop
 
 
-def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=print):
-    """The RL loop from the latest checkpoint (or step 0) to total_steps."""
+def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, stop=None, log=print):
+    """The RL loop from the latest checkpoint (or step 0) to total_steps, or until
+    `stop` (a runtime.StopRequest) is requested: then it checkpoints the step it finished
+    and raises runtime.Preempted."""
     c, evaluator, prompt_iter = run.config, data.evaluator, iter(data.prompts)
     train_state, replay_state, loop = restore(
         run, checkpointer, train_state, replay_state, prompt_iter, log
@@ -319,7 +332,7 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=
     idle = rollouts.nothing_generated(
         run.rollouts_per_step, c.rollout.max_prompt_len, c.rollout.max_new_tokens
     )
-    base_key, record = jax.random.key(c.seed), {}
+    base_key, record, stopping = jax.random.key(c.seed), {}, False
     t_start = time.time() - loop.wall_s
     spent = lambda: bool(c.total_rollouts) and account.gen_rollouts >= c.total_rollouts
     for step in range(loop.step, c.total_steps):
@@ -384,8 +397,11 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=
             writer.write(loop.step, record)
         tokens_per_s = account.gen_tokens / max(account.gen_s, 1e-9)
         bar.update(loop.step, record["reward_mean"], tokens_per_s, record.get("eval_accuracy"))
-        # CHECKPOINT
-        if loop.step % c.checkpoint_every == 0 or last:
+        # CHECKPOINT, also when asked to stop (every process agrees on the step)
+        stopping = (stop is not None and stop.requested) or checkpointer.reached_preemption(
+            loop.step
+        )
+        if loop.step % c.checkpoint_every == 0 or last or stopping:
             checkpointer.save(
                 loop.step,
                 train_state=train_state,
@@ -393,10 +409,12 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, log=
                 loop_state=loop.state_dict(wall_s=time.time() - t_start),
                 data_iterator=prompt_iter,
             )
-        if last:
+        if last or stopping:
             break
     bar.close()
     writer.close()
+    if stopping and not last:
+        raise runtime.Preempted(stop.signal_name if stop else "preemption", loop.step)
     final = record.get("eval_accuracy")
     if final is None:
         final = evaluator.accuracy(train_state.params, jax.random.key(0))

@@ -7,6 +7,8 @@ With no flags it runs the embedded default (configs/arith.py, replay) in runs/ar
 
 Bad configuration exits with status 2 and one line on stderr naming the key, before
 anything is written to the workdir. Running again with the same workdir resumes.
+SIGTERM or SIGINT: the current step finishes, its checkpoint is written, and the script
+exits with status 3; the same command continues the run exactly.
 """
 
 import os
@@ -54,18 +56,22 @@ def _parse(argv):
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
-    from replax import config_utils, configuration, trainer
+    from replax import config_utils, configuration, runtime, trainer
 
-    if _CONFIG.value is None:
-        _fail("--config is required (e.g. --config=configs/arith.py)")
+    config_file = flags.FLAGS["config"].config_filename.split(":")[0]
+    if not os.path.isfile(config_file):
+        _fail(f"--config={config_file}: no such file (e.g. --config=configs/arith.py)")
     if not _WORKDIR.value:
         _fail("--workdir is required")
     config = _CONFIG.value
     try:
         configuration.validate(config)
+        summary = trainer.train(config, _WORKDIR.value)
     except config_utils.ConfigError as e:
         _fail(str(e))
-    summary = trainer.train(config, _WORKDIR.value)
+    except runtime.Preempted as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(runtime.EXIT_PREEMPTED)
     print(
         f"base held-out accuracy {summary['base_accuracy']:.3f} -> final "
         f"{summary['final_accuracy']:.3f} "
