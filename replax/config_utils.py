@@ -8,6 +8,8 @@ raise ConfigError with one line naming the key and what is allowed.
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 
@@ -44,3 +46,32 @@ def get(config: ml_collections.ConfigDict, key: str):
     for part in key.split("."):
         node = node[part]
     return node
+
+
+def number(
+    config: ml_collections.ConfigDict,
+    key: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+) -> None:
+    """key holds a finite number (an integer if asked) in the given range."""
+    value = get(config, key)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value) and (not integer or float(value).is_integer())
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if low_open else '>='} {low:g}")
+        if high is not None:
+            bounds.append(f"{'<' if high_open else '<='} {high:g}")
+        where = f" {' and '.join(bounds)}" if bounds else ""
+        raise ConfigError(f"{key}={value!r}: must be {kind}{where}")

@@ -21,7 +21,7 @@ from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import train_step as train_step_lib
 from replax import warmstart as warmstart_lib
-from replax.config_utils import ConfigError, one_of, positive, require
+from replax.config_utils import ConfigError, number, one_of, positive, require
 from replax.tasks import Task, make_task
 from replax.tokenizer import ByteTokenizer
 
@@ -183,10 +183,48 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "capacity must be >= the batch",
     )
     require(
-        not (config.rollout.group_size == 1 and config.loss.normalize_std),
-        "rollout.group_size=1 with loss.normalize_std=True: group-normalised advantages "
-        "need group_size >= 2",
+        config.rollout.group_size >= 2,
+        f"rollout.group_size={config.rollout.group_size}: group advantages compare completions "
+        "of one prompt, so a group needs >= 2 (with 1 every advantage is 0)",
     )
+    require(
+        config.rollout.temperature > 0,
+        f"rollout.temperature={config.rollout.temperature}: must be > 0 (at 0 the G "
+        "completions of a prompt are the same greedy one and every advantage is 0)",
+    )
+    # Numbers and their ranges.
+    for key, bounds in (
+        ("seed", dict(low=0, integer=True)),
+        ("log_every", dict(low=1, integer=True)),
+        ("rollout.temperature", dict(low=0, low_open=True)),
+        ("rollout.top_k", dict(low=0, integer=True)),
+        ("rollout.top_p", dict(low=0, low_open=True, high=1)),
+        ("optimizer.learning_rate", dict(low=0, low_open=True)),
+        ("optimizer.b1", dict(low=0, high=1, high_open=True)),
+        ("optimizer.b2", dict(low=0, high=1, high_open=True)),
+        ("optimizer.weight_decay", dict(low=0)),
+        ("optimizer.grad_clip", dict(low=0)),
+        ("optimizer.warmup_steps", dict(low=0, integer=True)),
+        ("loss.epsilon_low", dict(low=0, high=1, high_open=True)),
+        ("loss.epsilon_high", dict(low=0)),
+        ("loss.dual_clip", dict(low=0)),
+        ("loss.rho_max", dict(low=0, low_open=True)),
+        ("loss.kl_coef", dict(low=0)),
+        ("loss.entropy_coef", dict()),
+        ("replay.delta", dict(low=0, high=1)),
+        ("replay.max_age", dict(low=0, integer=True)),
+        ("replay.max_reuse", dict(low=0, integer=True)),
+        ("replay.mu", dict(low=0)),
+        ("eval.pass_k", dict(low=0, integer=True)),
+        ("eval.pass_k_prompts", dict(low=0, integer=True)),
+        ("warmstart.learning_rate", dict(low=0, low_open=True)),
+        ("warmstart.batch_size", dict(low=1, integer=True)),
+        ("warmstart.max_steps", dict(low=1, integer=True)),
+        ("warmstart.eval_every", dict(low=1, integer=True)),
+        ("task.num_train", dict(low=config.rollout.prompts_per_step, integer=True)),
+        ("task.num_test", dict(low=config.eval.num_prompts, integer=True)),
+    ):
+        number(config, key, **bounds)
     one_of(config, "tokenizer.name", tuple(TOKENIZERS))
     one_of(config, "model.init", INITS)
 
@@ -237,6 +275,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"task.name={config.task.name!r}: {e}") from None
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+
+    tokenizer = make_tokenizer(config)
+    require(
+        config.model.vocab_size >= tokenizer.vocab_size,
+        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+        f"vocabulary ({tokenizer.vocab_size} ids): it must be >= {tokenizer.vocab_size}",
+    )
 
     # Prompts and answers must fit: prompts are never truncated. A byte-level tokenizer
     # spends one token per character; BOS and EOS take one more each.
