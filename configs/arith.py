@@ -181,6 +181,8 @@ def get_config(arg=None):
 
     c.log_every = 1
     c.checkpoint_every = 100
+    # Checkpoints kept (the newest); an unreadable newest one falls back to the previous.
+    c.checkpoint_keep = 2
 
     if variant == "onpolicy":
         # Each fresh rollout is trained on exactly once: N = B = R, drawn as a permutation.

@@ -1,14 +1,22 @@
 """One orbax checkpoint per saved step: train state (params, optimizer state), replay
-store, loop state (step, RNG, compute account, controller), and the grain iterator.
+store, loop state (step, compute account, schedule), and the grain iterator.
 
 Saving is asynchronous (orbax CheckpointManager): the loop goes on while arrays are
-written. Restoring places every array with the sharding of a freshly initialised peer,
-so a run resumes on the same mesh layout it would have started with.
+written. Once a save has finished (checked at the next save and at close) the SHA-256 of
+each of its files goes into STEP/checksums.json. `restore_latest` verifies them: a
+checkpoint whose files changed, went missing or cannot be restored is reported in one
+line, moved to checkpoints_corrupt/, and the previous one is used. Restoring places every
+array with the sharding of a freshly initialised peer, so a run resumes on the same mesh
+layout it would have started with.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+from collections.abc import Callable
 from typing import Any
 
 import grain
@@ -17,12 +25,55 @@ import orbax.checkpoint as ocp
 
 from replax.sharding import abstract_like
 
+CHECKSUMS = "checksums.json"
+
+
+def _files(step_dir: str) -> list[str]:
+    out = []
+    for root, _, names in os.walk(step_dir):
+        out += [os.path.relpath(os.path.join(root, n), step_dir) for n in names]
+    return sorted(name for name in out if name != CHECKSUMS)
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_checksums(step_dir: str) -> None:
+    digests = {name: _sha256(os.path.join(step_dir, name)) for name in _files(step_dir)}
+    tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(digests, f, indent=0, sort_keys=True)
+    os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
+
+
+def verify_checksums(step_dir: str) -> str | None:
+    """What is wrong with a checkpoint's files, or None when they match their checksums
+    (or when it has none yet: a save the process did not live to seal)."""
+    path = os.path.join(step_dir, CHECKSUMS)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            digests = json.load(f)
+    except (OSError, ValueError):
+        return f"{CHECKSUMS} is unreadable"
+    for name, digest in digests.items():
+        file = os.path.join(step_dir, name)
+        if not os.path.exists(file):
+            return f"{name} is missing"
+        if _sha256(file) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
 
 class Checkpointer:
     """Steps saved under `directory`/<step>, the newest `max_to_keep` kept."""
 
     def __init__(self, directory: str, *, max_to_keep: int = 2, asynchronous: bool = True):
         self.directory = os.path.abspath(directory)
+        self._unsealed: int | None = None  # the step saved last, not checksummed yet
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -52,7 +103,51 @@ class Checkpointer:
         }
         if data_iterator is not None:
             args["data_iterator"] = grain.checkpoint.CheckpointSave(data_iterator)
+        self._seal()
         self.manager.save(step, args=ocp.args.Composite(**args), force=force)
+        self._unsealed = step
+
+    def _seal(self) -> None:
+        """Waits for the last save and writes its checksums (process 0 only)."""
+        if self._unsealed is None:
+            return
+        self.manager.wait_until_finished()
+        step_dir = os.path.join(self.directory, str(self._unsealed))
+        if jax.process_index() == 0 and os.path.isdir(step_dir):
+            write_checksums(step_dir)
+        self._unsealed = None
+
+    def restore_latest(
+        self, *, train_state, replay_state, data_iterator=None, log: Callable = print
+    ):
+        """The newest checkpoint that verifies and restores, as `restore` returns it, or
+        None when there is none. Each bad one on the way is reported in one line and moved
+        to DIR_corrupt/STEP, so that the run does not meet it again."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            problem = verify_checksums(os.path.join(self.directory, str(step)))
+            if problem is None:
+                try:
+                    return self.restore(
+                        step,
+                        train_state=train_state,
+                        replay_state=replay_state,
+                        data_iterator=data_iterator,
+                    )
+                except Exception as e:  # noqa: BLE001 - any unreadable part: fall back
+                    first = (str(e).strip().splitlines() or [""])[0][:200]
+                    problem = f"cannot be restored ({type(e).__name__}: {first})"
+            aside = self._set_aside(step)
+            log(f"checkpoint {step} {problem}: moved to {aside}, using an earlier one")
+        return None
+
+    def _set_aside(self, step: int) -> str:
+        aside = os.path.join(self.directory + "_corrupt", str(step))
+        if jax.process_index() == 0:
+            os.makedirs(os.path.dirname(aside), exist_ok=True)
+            shutil.rmtree(aside, ignore_errors=True)
+            shutil.move(os.path.join(self.directory, str(step)), aside)
+        self.manager.reload()
+        return aside
 
     def restore(self, step: int, *, train_state, replay_state, data_iterator=None):
         """Restores into the structure and shardings of the given (fresh) peers.
@@ -83,5 +178,6 @@ class Checkpointer:
         return jax.process_count() > 1 and self.manager.reached_preemption(step)
 
     def close(self) -> None:
+        self._seal()
         self.manager.wait_until_finished()
         self.manager.close()

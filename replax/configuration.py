@@ -196,6 +196,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for key, bounds in (
         ("seed", dict(low=0, integer=True)),
         ("log_every", dict(low=1, integer=True)),
+        ("checkpoint_keep", dict(low=1, integer=True)),
         ("rollout.temperature", dict(low=0, low_open=True)),
         ("rollout.top_k", dict(low=0, integer=True)),
         ("rollout.top_p", dict(low=0, low_open=True, high=1)),

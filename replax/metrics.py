@@ -31,14 +31,12 @@ class MetricsWriter:
     def __init__(self, workdir: str, *, resume_step: int = -1):
         self.path = os.path.join(workdir, "metrics.jsonl")
         # A resumed run rewrites history after its checkpoint: drop the records of
-        # steps past it so the file reads as one uninterrupted run.
+        # steps past it, and a last line cut short by a kill, so the file reads as one
+        # uninterrupted run.
         if os.path.exists(self.path):
-            with open(self.path) as f:
-                kept = [
-                    line for line in f if line.strip() and json.loads(line)["step"] <= resume_step
-                ]
+            kept = [r for r in _parse_lines(self.path) if r["step"] <= resume_step]
             with open(self.path, "w") as f:
-                f.writelines(kept)
+                f.writelines(json.dumps(r) + "\n" for r in kept)
         self._file = open(self.path, "a")
         self._tb = None
         try:
@@ -63,9 +61,22 @@ class MetricsWriter:
             self._tb.close()
 
 
+def _parse_lines(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a last line cut short by a kill is skipped."""
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}:{i + 1}: not a JSON record") from None
+    return records
+
+
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return _parse_lines(os.path.join(workdir, "metrics.jsonl"))
 
 
 @dataclasses.dataclass

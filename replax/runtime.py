@@ -37,7 +37,7 @@ RESUMABLE_KEYS = (
     "eval.",
     "log_every",
     "checkpoint_every",
-    "checkpoint.keep",
+    "checkpoint_keep",
     "task.data_dir",
     "warmstart.cache_dir",
 )

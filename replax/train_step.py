@@ -140,6 +140,13 @@ def init_train_state(
     return state, shardings
 
 
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    """bool[]: every floating-point leaf of tree is finite (one reduction per leaf)."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+
 def batch_shardings(mesh, rules, example_batch: dict[str, Any]):
     """Shardings of a batch like example_batch (arrays or ShapeDtypeStructs, leading
     batch axis): split over `batch`, the rest replicated."""

@@ -259,14 +259,14 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
     with runtime.WorkdirLock(workdir):
         runtime.record_run_config(workdir, config.to_dict())
         data = prepare_data(run)
-        checkpointer = checkpoint_lib.Checkpointer(ckpt_dir)
+        checkpointer = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=config.checkpoint_keep)
         stop = runtime.StopRequest().install()
         try:
-            # A resumed run restores its params: no warm start needed.
-            resuming = checkpointer.latest_step() is not None
-            params = None if resuming else initial_params(run, data, log)
-            train_state, replay_state = init_states(run, params)
-            return run_loop(run, data, checkpointer, train_state, replay_state, stop, log=log)
+            prompt_iter = iter(data.prompts)
+            states = restore(run, checkpointer, prompt_iter, log)
+            if states is None:  # a new run (or none of its checkpoints was readable)
+                states = (*init_states(run, initial_params(run, data, log)), new_loop_state(run))
+            return run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
         finally:
             stop.restore()
             checkpointer.close()
@@ -295,16 +295,21 @@ class LoopState:
         }
 
 
-def restore(run: Run, checkpointer, train_state, replay_state, prompt_iter, log=print):
-    """The states of the latest checkpoint (the prompt iterator restored in place), or
-    the given fresh ones at step 0. Returns (train_state, replay_state, LoopState)."""
-    loop = LoopState(0, metrics_lib.ComputeAccount(), None, 0.0, run.schedule)
-    latest = checkpointer.latest_step()
-    if latest is None:
-        return train_state, replay_state, loop
-    train_state, replay_state, saved = checkpointer.restore(
-        latest, train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter
+def new_loop_state(run: Run) -> LoopState:
+    return LoopState(0, metrics_lib.ComputeAccount(), None, 0.0, run.schedule)
+
+
+def restore(run: Run, checkpointer, prompt_iter, log=print):
+    """(train_state, replay_state, LoopState) of the newest readable checkpoint, the
+    prompt iterator restored in place; None when there is none."""
+    train_state, replay_state = init_states(run)  # the structure and shardings to fill
+    restored = checkpointer.restore_latest(
+        train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter, log=log
     )
+    if restored is None:
+        return None
+    train_state, replay_state, saved = restored
+    loop = new_loop_state(run)
     if saved.get("auto_replay"):
         loop.schedule = auto_replay.AutoReplayController.from_state_dict(saved["auto_replay"])
     loop.step, loop.wall_s = saved["step"], saved["wall_s"]
@@ -315,15 +320,20 @@ def restore(run: Run, checkpointer, train_state, replay_state, prompt_iter, log=
     return train_state, replay_state, loop
 
 
-def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, stop=None, log=print):
-    """The RL loop from the latest checkpoint (or step 0) to total_steps, or until
-    `stop` (a runtime.StopRequest) is requested: then it checkpoints the step it finished
-    and raises runtime.Preempted."""
-    c, evaluator, prompt_iter = run.config, data.evaluator, iter(data.prompts)
-    train_state, replay_state, loop = restore(
-        run, checkpointer, train_state, replay_state, prompt_iter, log
-    )
-    schedule, account = loop.schedule, loop.account
+def run_loop(
+    run: Run,
+    data: Data,
+    checkpointer,
+    train_state,
+    replay_state,
+    loop: LoopState,
+    prompt_iter,
+    stop=None,
+    log=print,
+):
+    """The RL loop from loop.step to total_steps, or until `stop` (a runtime.StopRequest)
+    is requested: then it checkpoints the step it finished and raises runtime.Preempted."""
+    c, evaluator, schedule, account = run.config, data.evaluator, loop.schedule, loop.account
     if loop.base_accuracy is None:
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
@@ -401,7 +411,10 @@ def run_loop(run: Run, data: Data, checkpointer, train_state, replay_state, stop
         stopping = (stop is not None and stop.requested) or checkpointer.reached_preemption(
             loop.step
         )
-        if loop.step % c.checkpoint_every == 0 or last or stopping:
+        saving = loop.step % c.checkpoint_every == 0 or last or stopping
+        if saving and not train_step_lib.all_finite(train_state):
+            log(f"step {loop.step}: the train state is not finite; no checkpoint written")
+        elif saving:
             checkpointer.save(
                 loop.step,
                 train_state=train_state,

@@ -161,3 +161,82 @@ def test_latest_step_and_max_to_keep(tmp_path):
     reader.close()
     np.testing.assert_array_equal(train["w"], [2.0, 2.0])
     assert int(replay["n"]) == 2 and loop == {"step": 2}
+
+
+def _three_steps(directory):
+    """Steps 1, 2, 3 of plain pytrees (step k stores k), all sealed with checksums."""
+    ckpt = checkpoint.Checkpointer(directory, max_to_keep=3)
+    for step in (1, 2, 3):
+        ckpt.save(
+            step,
+            train_state={"w": jnp.full((64,), float(step))},
+            replay_state={"n": jnp.int32(step)},
+            loop_state={"step": step},
+        )
+    ckpt.close()
+
+
+def _restore_latest(directory):
+    lines = []
+    reader = checkpoint.Checkpointer(directory, max_to_keep=3)
+    restored = reader.restore_latest(
+        train_state={"w": jnp.zeros((64,))},
+        replay_state={"n": jnp.int32(0)},
+        log=lines.append,
+    )
+    reader.close()
+    return restored, lines
+
+
+def _data_files(step_dir):
+    return [
+        p
+        for p in step_dir.rglob("*")
+        if p.is_file() and p.name != checkpoint.CHECKSUMS and p.stat().st_size > 32
+    ]
+
+
+@pytest.mark.parametrize(
+    "damage", ["flip_bytes", "delete", "truncate", "garbage_loop_state", "garbage_unsealed"]
+)
+def test_a_damaged_latest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, damage):
+    _three_steps(str(tmp_path))
+    latest = tmp_path / "3"
+    assert (latest / checkpoint.CHECKSUMS).exists()
+    if damage.startswith("garbage"):
+        (latest / "loop_state" / "metadata").write_text("{not json")
+        if damage == "garbage_unsealed":  # no checksums: orbax's own read must fail
+            (latest / checkpoint.CHECKSUMS).unlink()
+    else:
+        target = max(_data_files(latest), key=lambda p: p.stat().st_size)
+        if damage == "flip_bytes":
+            raw = bytearray(target.read_bytes())
+            raw[len(raw) // 2 : len(raw) // 2 + 16] = bytes(16)
+            target.write_bytes(bytes(raw))
+        elif damage == "delete":
+            target.unlink()
+        else:
+            target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    (train, replay, loop), lines = _restore_latest(str(tmp_path))
+    assert loop == {"step": 2} and int(replay["n"]) == 2
+    np.testing.assert_array_equal(train["w"], np.full(64, 2.0))
+    assert len(lines) == 1 and lines[0].startswith("checkpoint 3 ")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1", "2"]
+    assert (tmp_path.parent / (tmp_path.name + "_corrupt") / "3").is_dir()
+
+
+def test_an_unsealed_checkpoint_is_restored_when_it_reads(tmp_path):
+    """A process killed after a save but before sealing it leaves no checksums: the
+    checkpoint is used if orbax can read it."""
+    _three_steps(str(tmp_path))
+    (tmp_path / "3" / checkpoint.CHECKSUMS).unlink()
+    (_, _, loop), lines = _restore_latest(str(tmp_path))
+    assert loop == {"step": 3} and lines == []
+
+
+def test_no_readable_checkpoint_gives_none(tmp_path):
+    _three_steps(str(tmp_path))
+    for step in ("1", "2", "3"):
+        (tmp_path / step / checkpoint.CHECKSUMS).write_text("{}garbage")
+    restored, lines = _restore_latest(str(tmp_path))
+    assert restored is None and len(lines) == 3

@@ -164,3 +164,20 @@ def test_progress_bar_is_silent_when_not_a_terminal():
     bar.update(1, reward=1.0, tokens_per_s=1.0, accuracy=1.0)
     bar.close()
     assert stream.getvalue() == ""
+
+
+def test_a_last_line_cut_short_by_a_kill_is_dropped(tmp_path):
+    write_steps(tmp_path, [1, 2])
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss": 0.')  # killed mid-write
+    assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2]
+    write_steps(tmp_path, [3], resume_step=2)
+    assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2, 3]
+
+
+def test_a_broken_line_inside_the_file_is_an_error_naming_it(tmp_path):
+    write_steps(tmp_path, [1])
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write("garbage\n" + json.dumps({"step": 2}) + "\n")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
+        metrics.read_metrics(str(tmp_path))

@@ -3,6 +3,7 @@ config, workdirs that cannot hold a run."""
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -15,17 +16,24 @@ from replax import runtime
 from replax.config_utils import ConfigError
 
 
-def test_sigterm_checkpoints_the_step_and_the_rerun_continues_exactly(tmp_path):
-    reference = tmp_path / "reference"
-    assert run_train(str(reference)).returncode == 0
-    workdir = tmp_path / "preempted"
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The micro run, uninterrupted."""
+    workdir = tmp_path_factory.mktemp("reference")
+    proc = run_train(str(workdir))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return workdir
+
+
+def start_and_wait(workdir, lines: int, *extra):
+    """train.py started in the background, returned once metrics.jsonl has `lines`."""
     cmd = [
         sys.executable,
         "scripts/train.py",
         "--config=configs/arith.py",
         f"--workdir={workdir}",
         *MICRO,
-        "--config.checkpoint_every=100",  # only the stop and the end save
+        *extra,
     ]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -33,9 +41,16 @@ def test_sigterm_checkpoints_the_step_and_the_rerun_continues_exactly(tmp_path):
     metrics = workdir / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= lines:
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
+    return proc
+
+
+def test_sigterm_checkpoints_the_step_and_the_rerun_continues_exactly(tmp_path, reference):
+    workdir = tmp_path / "preempted"
+    # Only the stop and the end save.
+    proc = start_and_wait(workdir, 2, "--config.checkpoint_every=100")
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
@@ -49,6 +64,41 @@ def test_sigterm_checkpoints_the_step_and_the_rerun_continues_exactly(tmp_path):
     resumed = run_train(str(workdir), "--config.checkpoint_every=100")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert strip_timing(read(str(workdir))) == strip_timing(read(str(reference)))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kill_9_at_a_random_point_then_the_rerun_continues_exactly(tmp_path, reference, seed):
+    """SIGKILL anywhere (during a step, an evaluation or an asynchronous checkpoint
+    write): the rerun resumes from the last complete checkpoint and ends as the
+    uninterrupted run did."""
+    rng = random.Random(seed)
+    workdir = tmp_path / "killed"
+    proc = start_and_wait(workdir, rng.randint(1, 5))
+    time.sleep(rng.uniform(0.0, 0.5))
+    proc.kill()
+    proc.wait()
+    resumed = run_train(str(workdir))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert strip_timing(read(str(workdir))) == strip_timing(read(str(reference)))
+
+
+def test_an_overflowing_rate_skips_every_step_and_keeps_the_checkpoints_finite(tmp_path):
+    workdir = tmp_path / "run"
+    # The micro policy solves nothing (zero advantages): an entropy bonus gives it a
+    # gradient, which the rate turns into an update that overflows.
+    proc = run_train(
+        str(workdir),
+        "--config.optimizer.learning_rate=1e38",
+        "--config.loss.entropy_coef=0.01",
+        "--config.replay.drop_zero_advantage=False",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = read(str(workdir))
+    assert [r["skipped_steps"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["grad_norm"] is not None for r in records)
+    # Nothing moved: held-out accuracy is the base's at every evaluation.
+    assert len({r["eval_accuracy"] for r in records if "eval_accuracy" in r}) == 1
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
 
 
 def test_a_second_process_on_the_workdir_exits_2_naming_the_holder(tmp_path):
