@@ -32,8 +32,21 @@ setuptools.setup(
             "ipykernel>=6",
             "tokenizers>=0.15",
             "safetensors>=0.4",
+            "jinja2>=3.1.6",
+            "pyarrow>=14",
         ],
         "bench": ["flashbax>=0.1.3"],
-        "hf": ["safetensors>=0.4", "tokenizers>=0.15"],
+        # Real models: HF checkpoints, tokenizers and chat templates, parquet data (a saved
+        # `datasets` directory also needs `pip install datasets`).
+        "hf": ["safetensors>=0.4", "tokenizers>=0.15", "jinja2>=3.1.6", "pyarrow>=14"],
+        # tests/test_parity.py: replax against transformers itself (CPU torch), a real
+        # tokenizer.json (the one the anthropic 0.34 wheel ships, used as test data only)
+        # and saved datasets directories.
+        "parity": [
+            "torch==2.13.0",
+            "transformers==5.24.0",
+            "anthropic==0.34.0",
+            "datasets>=3",
+        ],
     },
 )

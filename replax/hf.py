@@ -1,9 +1,12 @@
 """Hugging Face checkpoints of the Llama / Qwen2 / Qwen3 family in and out of replax.
 
 `load_pretrained(dir)` reads config.json and model.safetensors (or the shards listed in
-model.safetensors.index.json) into a `model.ModelConfig` and the params of
-`model.Transformer(config)`; `save_pretrained` writes them back in the HF layout. Only
-safetensors.numpy and numpy are needed (no torch, no transformers).
+model.safetensors.index.json) into a `model.ModelConfig` and host numpy params of
+`model.Transformer(config)`; `load_pretrained_sharded(dir, mesh, rules)` places each
+parameter straight into its NamedSharding, reading only each device's block from the
+files; `save_pretrained` writes them back in the HF layout, with the tokenizer files and a
+generation_config.json when given a tokenizer directory. Only safetensors, numpy and
+ml_dtypes are needed (no torch, no transformers).
 
 Layout. HF nn.Linear weights are [out, in]; replax contracts x [..., in] with w [in, out]
 and keeps heads as separate axes:
@@ -16,22 +19,26 @@ and keeps heads as separate axes:
   input_layernorm / post_attention_layernorm / model.norm  <->  attn_norm / mlp_norm /
   final_norm scale;  embed_tokens [V, E] = embedding;  lm_head.weight [V, E] <-> lm_head
   [E, V] (only when the embeddings are untied).
-RoPE: both use the rotate-half form (dimension i pairs with i + D/2) with inv_freq =
-theta^(-2i/D), so q/k weights are copied without any permutation. RMSNorm: both compute
-x * rsqrt(mean(x^2) + eps) * weight (no 1 + weight), one eps for every norm.
+RoPE: both use the rotate-half form (dimension i pairs with i + D/2), so q/k weights are
+copied without any permutation; the frequencies, with the scalings transformers offers
+for these models ("linear", "dynamic", "llama3"), are `model.rope_inv_freq`. Both the
+4.x (rope_theta + rope_scaling) and the 5.x (rope_parameters) config forms are read, and
+both are written. RMSNorm: both compute x * rsqrt(mean(x^2) + eps) * weight (no
+1 + weight), one eps for every norm.
 
-Params are returned as the plain (unboxed) 'params' tree of host numpy arrays: pass them
-to `train_step.init_train_state(..., params=...)`, which places them on the mesh, or use
-`shard_params` to place them for sampling / evaluation.
+Anything replax cannot represent (architecture, RoPE type, activation, a missing or
+mis-shaped tensor) raises a one-line ValueError naming it and what is allowed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,23 +81,54 @@ def _architecture(hf: Mapping[str, Any]) -> str:
     return ARCHITECTURES[_MODEL_TYPES[model_type]]
 
 
-def _rope(hf: Mapping[str, Any]) -> float:
-    """rope_theta, after checking the RoPE is the plain (unscaled, full-width) one."""
-    # transformers >= 5 folds theta and the scaling into `rope_parameters`.
-    params = hf.get("rope_parameters") or {}
-    for name, value in (("rope_scaling", hf.get("rope_scaling")), ("rope_parameters", params)):
-        if value is None:
-            continue
-        kind = value.get("rope_type", value.get("type", "default"))
-        if kind != "default":
-            raise ValueError(
-                f"{name}={value}: replax supports only unscaled RoPE "
-                "(rope_scaling null or rope_type 'default')"
-            )
-    factor = hf.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+def _rope(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelConfig RoPE fields from config.json, read as transformers reads them.
+
+    transformers 4.x writes `rope_theta` and `rope_scaling` (null or {"rope_type" or "type",
+    "factor", ...}); 5.x writes one `rope_parameters` dict that also holds `rope_theta`.
+    Like transformers, a non-empty rope_scaling wins, and a theta inside the dict wins over
+    the top-level one.
+    """
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    params = hf.get(field) or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{field}={params!r}: allowed is a dict (or null)")
+    if any(isinstance(v, Mapping) for v in params.values()):
+        raise ValueError(f"{field} per layer type ({sorted(params)}): allowed is one dict")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in model_lib.ROPE_TYPES:
+        raise ValueError(
+            f"{field} type {kind!r}: allowed are {list(model_lib.ROPE_TYPES)} (rope_type)"
+        )
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if factor != 1.0:
         raise ValueError(f"partial_rotary_factor={factor}: only 1.0 (full-width RoPE) is allowed")
-    return float(hf.get("rope_theta", params.get("rope_theta", 10_000.0)))
+    out: dict[str, Any] = {
+        "rope_theta": float(params.get("rope_theta", hf.get("rope_theta", 10_000.0))),
+        "rope_type": kind,
+    }
+    if kind == "default":
+        return out
+    required = {"linear": ("factor",), "dynamic": ("factor",)}.get(
+        kind, ("factor", "low_freq_factor", "high_freq_factor")
+    )
+    missing = [k for k in required if params.get(k) is None]
+    if missing:
+        raise ValueError(f"{field} type {kind!r} lacks {missing}: required are {list(required)}")
+    out["rope_factor"] = float(params["factor"])
+    if kind == "llama3":
+        out["rope_low_freq_factor"] = float(params["low_freq_factor"])
+        out["rope_high_freq_factor"] = float(params["high_freq_factor"])
+        # transformers falls back to max_position_embeddings, as here.
+        original = params.get("original_max_position_embeddings")
+        out["rope_original_max_len"] = int(original or _max_position_embeddings(hf))
+    elif kind == "dynamic":
+        out["rope_original_max_len"] = _max_position_embeddings(hf)
+    return out
+
+
+def _max_position_embeddings(hf: Mapping[str, Any]) -> int:
+    return int(hf.get("max_position_embeddings") or _DEFAULT_MAX_LEN[_architecture(hf)])
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides) -> model_lib.ModelConfig:
@@ -127,7 +165,7 @@ def config_from_hf(hf: Mapping[str, Any], **overrides) -> model_lib.ModelConfig:
         raise ValueError(f"layer_types={layer_types}: only 'full_attention' layers are allowed")
     if hf.get("quantization_config"):
         raise ValueError("quantization_config is set: only unquantized checkpoints are allowed")
-    rope_theta = _rope(hf)
+    rope = _rope(hf)
 
     heads = int(hf["num_attention_heads"])
     kwargs = dict(
@@ -138,12 +176,12 @@ def config_from_hf(hf: Mapping[str, Any], **overrides) -> model_lib.ModelConfig:
         num_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
         mlp_dim=int(hf["intermediate_size"]),
-        max_len=int(hf.get("max_position_embeddings", _DEFAULT_MAX_LEN[arch])),
+        max_len=_max_position_embeddings(hf),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "Qwen2ForCausalLM",
         qk_norm=arch == "Qwen3ForCausalLM",
-        rope_theta=rope_theta,
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        **rope,
     )
     fields = {f.name for f in dataclasses.fields(model_lib.ModelConfig)}
     unknown = sorted(set(overrides) - fields)
@@ -166,6 +204,19 @@ def config_to_hf(config: model_lib.ModelConfig) -> dict[str, Any]:
         arch, model_type = "Qwen2ForCausalLM", "qwen2"
     else:
         arch, model_type = "LlamaForCausalLM", "llama"
+    max_len = config.max_len
+    rope: dict[str, Any] = {"rope_type": config.rope_type, "rope_theta": config.rope_theta}
+    if config.rope_type != "default":
+        rope["factor"] = config.rope_factor
+    if config.rope_type == "llama3":
+        rope.update(
+            low_freq_factor=config.rope_low_freq_factor,
+            high_freq_factor=config.rope_high_freq_factor,
+            original_max_position_embeddings=config.rope_original_max_len,
+        )
+    elif config.rope_type == "dynamic" and config.rope_original_max_len:
+        # Dynamic NTK scales relative to max_position_embeddings: keep the model's own.
+        max_len = config.rope_original_max_len
     hf = {
         "architectures": [arch],
         "model_type": model_type,
@@ -176,13 +227,18 @@ def config_to_hf(config: model_lib.ModelConfig) -> dict[str, Any]:
         "num_attention_heads": config.num_heads,
         "num_key_value_heads": config.num_kv_heads,
         "head_dim": config.head_dim,
-        "max_position_embeddings": config.max_len,
+        "max_position_embeddings": max_len,
         "hidden_act": "silu",
         "rms_norm_eps": config.norm_eps,
+        # transformers 5.x reads rope_parameters; 4.x reads rope_theta and rope_scaling.
+        "rope_parameters": rope,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": None
+        if config.rope_type == "default"
+        else {k: v for k, v in rope.items() if k != "rope_theta"},
         "tie_word_embeddings": config.tie_embeddings,
         "attention_dropout": 0.0,
+        "dtype": config.param_dtype,
         "torch_dtype": config.param_dtype,
     }
     if model_type == "llama":
@@ -288,6 +344,52 @@ def _listed(names: list[str], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + more
 
 
+def _check_tensors(
+    shapes: Mapping[str, tuple[int, ...]], config: model_lib.ModelConfig, head_is_embedding
+) -> list[_Entry]:
+    """The layout after checking the checkpoint's tensor names and shapes against it.
+
+    `head_is_embedding()` says whether a stored lm_head.weight equals the embedding (some
+    tied checkpoints store the head too; it is then accepted and ignored).
+    """
+    layout = _layout(config)
+    expected = {entry.hf_name for entry in layout}
+    names = [n for n in shapes if not n.endswith(_IGNORED_SUFFIXES)]
+    extra = sorted(set(names) - expected)
+    if (
+        config.tie_embeddings
+        and "lm_head.weight" in extra
+        and "model.embed_tokens.weight" in shapes
+        and shapes["lm_head.weight"] == shapes["model.embed_tokens.weight"]
+        and head_is_embedding()
+    ):
+        extra.remove("lm_head.weight")
+    if extra:
+        raise ValueError(
+            f"unexpected tensor(s) {_listed(extra)} for this config ({len(expected)} expected; "
+            f"qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm}, "
+            f"tie_embeddings={config.tie_embeddings})"
+        )
+    missing = [e for e in layout if e.hf_name not in shapes]
+    if missing:
+        listed = [f"{e.hf_name} (expected shape {list(e.hf_shape)})" for e in missing]
+        raise ValueError(f"missing tensor(s): {_listed(listed)}")
+    for entry in layout:
+        shape = tuple(shapes[entry.hf_name])
+        if shape != entry.hf_shape:
+            raise ValueError(
+                f"tensor {entry.hf_name} has shape {list(shape)}, expected "
+                f"{list(entry.hf_shape)} from the config"
+            )
+    return layout
+
+
+def _set(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
 def params_from_hf(
     tensors: Mapping[str, np.ndarray], config: model_lib.ModelConfig, dtype=None
 ) -> dict[str, Any]:
@@ -297,37 +399,16 @@ def params_from_hf(
     ValueError naming any missing, unexpected or mis-shaped tensor.
     """
     target = _np_dtype(dtype, config)
-    layout = _layout(config)
-    expected = {entry.hf_name for entry in layout}
-    names = [n for n in tensors if not n.endswith(_IGNORED_SUFFIXES)]
-    extra = sorted(set(names) - expected)
-    if config.tie_embeddings and "lm_head.weight" in extra:
-        # Some tied checkpoints store the head too; accept it when it is the embedding.
-        head, emb = tensors["lm_head.weight"], tensors.get("model.embed_tokens.weight")
-        if emb is not None and np.array_equal(np.asarray(head), np.asarray(emb)):
-            extra.remove("lm_head.weight")
-    if extra:
-        raise ValueError(
-            f"unexpected tensor(s) {_listed(extra)} for this config ({len(expected)} expected; "
-            f"qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm}, "
-            f"tie_embeddings={config.tie_embeddings})"
-        )
-    missing = [e for e in layout if e.hf_name not in tensors]
-    if missing:
-        listed = [f"{e.hf_name} (expected shape {list(e.hf_shape)})" for e in missing]
-        raise ValueError(f"missing tensor(s): {_listed(listed)}")
+
+    def head_is_embedding():
+        head, emb = tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]
+        return np.array_equal(np.asarray(head), np.asarray(emb))
+
+    shapes = {name: tuple(np.shape(x)) for name, x in tensors.items()}
     params: dict[str, Any] = {}
-    for entry in layout:
-        x = tensors[entry.hf_name]
-        if tuple(x.shape) != entry.hf_shape:
-            raise ValueError(
-                f"tensor {entry.hf_name} has shape {list(x.shape)}, expected "
-                f"{list(entry.hf_shape)} from the config"
-            )
-        node = params
-        for key in entry.path[:-1]:
-            node = node.setdefault(key, {})
-        node[entry.path[-1]] = np.ascontiguousarray(entry.from_hf(np.asarray(x)), dtype=target)
+    for entry in _check_tensors(shapes, config, head_is_embedding):
+        x = entry.from_hf(np.asarray(tensors[entry.hf_name]))
+        _set(params, entry.path, np.ascontiguousarray(x, dtype=target))
     return params
 
 
@@ -380,56 +461,86 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
     try:
         return load_file(path)
     except (KeyError, TypeError):  # safetensors without numpy bfloat16: read it directly.
-        return _read_safetensors_raw(path)
+        return {k: np.array(v) for k, v in _read_safetensors_raw(path).items()}
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 
 def _read_safetensors_raw(path: str) -> dict[str, np.ndarray]:
-    """A safetensors file read with numpy alone (BF16 through ml_dtypes)."""
+    """A safetensors file as read-only numpy memory maps (BF16 through ml_dtypes): nothing
+    is read until a tensor, or a slice of one, is."""
     import ml_dtypes
 
-    types = {
-        "F64": np.float64,
-        "F32": np.float32,
-        "F16": np.float16,
-        "BF16": ml_dtypes.bfloat16,
-        "I64": np.int64,
-        "I32": np.int32,
-        "I16": np.int16,
-        "I8": np.int8,
-        "U8": np.uint8,
-        "BOOL": np.bool_,
-    }
     with open(path, "rb") as f:
         (header_len,) = np.frombuffer(f.read(8), dtype="<u8")
         header = json.loads(f.read(int(header_len)))
-        data = f.read()
+    data_start = 8 + int(header_len)
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in types:
-            raise ValueError(f"tensor {name}: dtype {info['dtype']} not supported")
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(
+                f"{path}: tensor {name} has dtype {info['dtype']}: allowed are "
+                f"{sorted(_SAFETENSORS_DTYPES)}"
+            )
+        name_of = _SAFETENSORS_DTYPES[info["dtype"]]
+        dtype = np.dtype(ml_dtypes.bfloat16 if name_of == "bfloat16" else name_of)
         start, end = info["data_offsets"]
-        dtype = np.dtype(types[info["dtype"]]).newbyteorder("<")
-        out[name] = np.frombuffer(data[start:end], dtype=dtype).reshape(info["shape"])
+        shape = tuple(info["shape"])
+        if end == start:
+            out[name] = np.zeros(shape, dtype.newbyteorder("<"))
+            continue
+        out[name] = np.memmap(
+            path, dtype=dtype.newbyteorder("<"), mode="r", offset=data_start + start, shape=shape
+        )
     return out
+
+
+def _weight_map(path: str) -> dict[str, str]:
+    """Tensor name -> safetensors file name of a checkpoint directory."""
+    index_path = os.path.join(path, INDEX_NAME)
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            return dict(json.load(f)["weight_map"])
+    if os.path.exists(os.path.join(path, WEIGHTS_NAME)):
+        return {}  # one file: its names are read from its header
+    raise ValueError(f"{path}: neither {WEIGHTS_NAME} nor {INDEX_NAME} found")
+
+
+def read_config(path: str, **config_overrides) -> model_lib.ModelConfig:
+    """ModelConfig of an HF checkpoint directory's config.json (see `config_from_hf`)."""
+    config_path = os.path.join(path, CONFIG_NAME)
+    try:
+        with open(config_path) as f:
+            hf = json.load(f)
+    except OSError as e:
+        raise ValueError(f"{config_path}: cannot be read ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path}: not JSON ({e})") from None
+    return config_from_hf(hf, **config_overrides)
 
 
 def load_pretrained(path: str, **config_overrides):
     """(config, params) from an HF checkpoint directory: config.json plus model.safetensors,
     or the shards named by model.safetensors.index.json. `config_overrides` go to
-    `config_from_hf`; params are host numpy arrays in config.param_dtype."""
-    with open(os.path.join(path, CONFIG_NAME)) as f:
-        config = config_from_hf(json.load(f), **config_overrides)
-    index_path = os.path.join(path, INDEX_NAME)
-    if os.path.exists(index_path):
-        with open(index_path) as f:
-            weight_map = json.load(f)["weight_map"]
-        files = sorted(set(weight_map.values()))
-    elif os.path.exists(os.path.join(path, WEIGHTS_NAME)):
-        files = [WEIGHTS_NAME]
-    else:
-        raise FileNotFoundError(f"{path}: neither {WEIGHTS_NAME} nor {INDEX_NAME} found")
+    `config_from_hf`; params are host numpy arrays in config.param_dtype. For params placed
+    on a mesh without a host copy of the whole model, see `load_pretrained_sharded`."""
+    config = read_config(path, **config_overrides)
+    weight_map = _weight_map(path)
+    files = sorted(set(weight_map.values())) or [WEIGHTS_NAME]
     tensors: dict[str, np.ndarray] = {}
     for name in files:
         for key, value in _read_safetensors(os.path.join(path, name)).items():
@@ -439,22 +550,192 @@ def load_pretrained(path: str, **config_overrides):
     return config, params_from_hf(tensors, config)
 
 
+class _LazyTensors:
+    """The tensors of a checkpoint directory, opened with safetensors.safe_open (numpy) so
+    that a slice reads only its bytes; numpy memory maps where safe_open cannot (an older
+    safetensors without bfloat16). Use as a context manager."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._weight_map = _weight_map(path)
+        self._stack = contextlib.ExitStack()
+        self._files: dict[str, Any] = {}
+
+    def __enter__(self):
+        from safetensors import safe_open
+
+        files = sorted(set(self._weight_map.values())) or [WEIGHTS_NAME]
+        self.names: dict[str, str] = {}
+        for file in files:
+            full = os.path.join(self.path, file)
+            if not os.path.isfile(full):
+                raise ValueError(f"{full}: not found (named by {INDEX_NAME})")
+            try:
+                handle = self._stack.enter_context(safe_open(full, framework="numpy"))
+                keys = list(handle.keys())
+                # One empty read per dtype in the file: can this safetensors give numpy it?
+                probes = {handle.get_slice(k).get_dtype(): k for k in keys}
+                for key in probes.values():
+                    if len(handle.get_slice(key).get_shape()):
+                        handle.get_slice(key)[(slice(0, 0),)]
+            except (AttributeError, KeyError, TypeError, ValueError):
+                handle = _read_safetensors_raw(full)
+                keys = list(handle)
+            except Exception as e:  # noqa: BLE001 - safetensors' own error for a bad file
+                raise ValueError(f"{full}: not a readable safetensors file ({e})") from None
+            self._files[file] = handle
+            for key in keys:
+                if key in self.names:
+                    raise ValueError(f"tensor {key} appears in more than one shard ({file})")
+                self.names[key] = file
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+
+    def slice(self, name: str):
+        """An object with numpy slicing that reads only the selected block."""
+        handle = self._files[self.names[name]]
+        return handle[name] if isinstance(handle, dict) else handle.get_slice(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        view = self.slice(name)
+        return tuple(view.shape) if hasattr(view, "shape") else tuple(view.get_shape())
+
+
+def _flat_index(shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
+    """Row-major flat positions, in order, of the block `index` of an array of `shape`
+    (shapes here are one side of a matrix: at most vocab or heads x head_dim long)."""
+    return np.arange(math.prod(shape)).reshape(shape)[index].ravel()
+
+
+def _read_block(view, entry: _Entry, index: tuple[slice, ...]) -> np.ndarray:
+    """Block `index` of replax parameter `entry`, reading from the HF tensor `view` only the
+    rows and columns that hold it (a contiguous range, so one read per device shard)."""
+    index = tuple(slice(*s.indices(n)) for s, n in zip(index, entry.shape))
+    block_shape = tuple(len(range(*s.indices(n))) for s, n in zip(index, entry.shape))
+    if 0 in block_shape:
+        return np.zeros(block_shape, np.float32)
+    if entry.kind == "copy":
+        return np.asarray(view[index])
+
+    def gather(flat: np.ndarray):  # a contiguous read, then the block's own positions
+        lo, hi = int(flat[0]), int(flat[-1]) + 1
+        return slice(lo, hi), (slice(None) if hi - lo == flat.size else flat - lo)
+
+    if entry.kind == "reshape":
+        read, pick = gather(_flat_index(entry.shape, index))
+        return np.asarray(view[(read,)])[pick].reshape(block_shape)
+    n = entry.n_in
+    rows, row_pick = gather(_flat_index(entry.shape[n:], index[n:]))  # HF [out, in]
+    cols, col_pick = gather(_flat_index(entry.shape[:n], index[:n]))
+    block = np.asarray(view[(rows, cols)])[row_pick][:, col_pick]  # [out block, in block]
+    return block.T.reshape(block_shape)
+
+
+def load_pretrained_sharded(
+    path: str, mesh, rules=sharding.DEFAULT_RULES, **config_overrides
+) -> tuple[model_lib.ModelConfig, dict[str, Any]]:
+    """(config, params) with every parameter a jax.Array already in the NamedSharding its
+    logical axes get under `rules` on `mesh` (what `shard_params` gives for the same mesh).
+
+    Each parameter is built with jax.make_array_from_callback: for each of this process's
+    devices, only that device's block is read from the safetensors file (safe_open slices),
+    transposed to replax's layout and cast to config.param_dtype. Blocks that several
+    devices share are read once. The host never holds more than one parameter's worth of
+    blocks, so a model larger than host memory loads as long as each device's part fits.
+    Names and shapes are checked from the file headers before anything is read.
+    """
+    import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
+
+    config = read_config(path, **config_overrides)
+    target = _np_dtype(None, config)
+    rules = sharding.validate_rules(rules)
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    abstract = jax.eval_shape(
+        lambda: model_lib.Transformer(config).init(jax.random.key(0), dummy, dummy)
+    )
+    shardings = sharding.params_shardings(mesh, abstract, rules)["params"]
+    params: dict[str, Any] = {}
+    with _LazyTensors(path) as source:
+
+        def head_is_embedding(rows: int = 4096) -> bool:
+            head, emb = source.slice("lm_head.weight"), source.slice("model.embed_tokens.weight")
+            total = source.shape("lm_head.weight")[0]
+            return all(
+                np.array_equal(head[i : i + rows], emb[i : i + rows]) for i in range(0, total, rows)
+            )
+
+        shapes = {name: source.shape(name) for name in source.names}
+        for entry in _check_tensors(shapes, config, head_is_embedding):
+            view, blocks = source.slice(entry.hf_name), {}
+            place = shardings
+            for key in entry.path:
+                place = place[key]
+
+            def block(index, entry=entry, view=view, blocks=blocks):
+                key = tuple(s.indices(n) for s, n in zip(index, entry.shape))
+                if key not in blocks:
+                    blocks[key] = np.ascontiguousarray(
+                        _read_block(view, entry, index), dtype=target
+                    )
+                return blocks[key]
+
+            _set(params, entry.path, jax.make_array_from_callback(entry.shape, place, block))
+    return config, params
+
+
+# Files a tokenizer directory may hold that transformers' AutoTokenizer reads.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+GENERATION_CONFIG_NAME = "generation_config.json"
+
+
+def generation_config(tokenizer, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """generation_config.json contents: `base` (e.g. the source model's sampling defaults)
+    with bos/pad ids and every stop id of `tokenizer` (an int, or a list if several)."""
+    out = dict(base or {})
+    stop_ids = [int(i) for i in getattr(tokenizer, "stop_ids", (tokenizer.eos_id,))]
+    out["eos_token_id"] = stop_ids[0] if len(stop_ids) == 1 else stop_ids
+    out["pad_token_id"] = int(tokenizer.pad_id)
+    if tokenizer.bos_id is not None:
+        out["bos_token_id"] = int(tokenizer.bos_id)
+    return out
+
+
 def save_pretrained(
-    path: str, config: model_lib.ModelConfig, params, max_shard_bytes: int | None = None
+    path: str,
+    config: model_lib.ModelConfig,
+    params,
+    max_shard_bytes: int | None = None,
+    *,
+    tokenizer_dir: str | None = None,
+    generation: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Writes config.json and the weights (in the params' dtype) in the HF layout.
+    """Writes config.json and the weights (in the params' dtype) in the HF layout, and with
+    `tokenizer_dir` the tokenizer too, so that transformers' AutoModelForCausalLM and
+    AutoTokenizer load the directory.
 
     With max_shard_bytes, tensors are packed in order into model-0000i-of-0000n.safetensors
     files of at most that size (a larger tensor gets a file of its own) plus
     model.safetensors.index.json; otherwise (or if everything fits) one model.safetensors.
-    Stale weight files of an earlier save in `path` are removed. Returns the files written.
+    Stale weight files of an earlier save in `path` are removed.
+    tokenizer_dir: its TOKENIZER_FILES that exist are copied, and generation_config.json is
+    written: the directory's own, if any, with the bos / pad / stop ids of
+    `tokenizer.HFTokenizer(tokenizer_dir)`. `generation` entries are written over it.
+    Returns the files written.
     """
     from safetensors.numpy import save_file
 
     hf_config = config_to_hf(config)
     tensors = params_to_hf(params, config)
     if tensors:
-        hf_config["torch_dtype"] = str(next(iter(tensors.values())).dtype)
+        dtype = str(next(iter(tensors.values())).dtype)
+        hf_config["dtype"] = hf_config["torch_dtype"] = dtype
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, x in tensors.items():
@@ -485,4 +766,24 @@ def save_pretrained(
         with open(os.path.join(path, INDEX_NAME), "w") as f:
             json.dump(index, f, indent=2)
         written.append(INDEX_NAME)
+
+    gen = None
+    if tokenizer_dir is not None:
+        from replax import tokenizer as tokenizer_lib
+
+        tok = tokenizer_lib.HFTokenizer(tokenizer_dir)
+        for name in TOKENIZER_FILES:
+            source = os.path.join(tokenizer_dir, name)
+            if os.path.isfile(source) and os.path.abspath(source) != os.path.abspath(
+                os.path.join(path, name)
+            ):
+                shutil.copyfile(source, os.path.join(path, name))
+                written.append(name)
+        gen = generation_config(tok, tok.generation_config)
+    if generation:
+        gen = {**(gen or {}), **generation}
+    if gen is not None:
+        with open(os.path.join(path, GENERATION_CONFIG_NAME), "w") as f:
+            json.dump(gen, f, indent=2)
+        written.append(GENERATION_CONFIG_NAME)
     return written

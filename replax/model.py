@@ -21,8 +21,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 
 # Large negative logit for masked attention scores: finite, so a row with no valid
 # key (a padding query) yields a uniform distribution instead of NaN.
@@ -47,6 +49,17 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_theta: float = 10_000.0
+    # RoPE scaling as transformers computes it (modeling_rope_utils); see `rope_inv_freq`.
+    # "default" (none), "linear", "dynamic" (NTK) or "llama3" (Llama 3.1 / 3.2 / 3.3).
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    # llama3: wavelengths above rope_original_max_len / low_freq_factor are divided by
+    # factor, those below rope_original_max_len / high_freq_factor kept, smoothed between.
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    # Context length the frequencies are anchored at: llama3's
+    # original_max_position_embeddings; dynamic's max_position_embeddings (0: max_len).
+    rope_original_max_len: int = 0
     norm_eps: float = 1e-6
     param_dtype: str = "float32"
     dtype: str = "float32"
@@ -69,6 +82,25 @@ class ModelConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"model.rope_type={self.rope_type!r}: allowed are {list(ROPE_TYPES)}")
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+        if self.rope_type != "default" and not self.rope_factor > 0:
+            raise ValueError(f"model.rope_factor={self.rope_factor} must be > 0")
+        if self.rope_original_max_len < 0:
+            raise ValueError(
+                f"model.rope_original_max_len={self.rope_original_max_len} must be >= 0"
+            )
+        if self.rope_type == "llama3":
+            if not self.rope_high_freq_factor > self.rope_low_freq_factor > 0:
+                raise ValueError(
+                    f"model.rope_high_freq_factor={self.rope_high_freq_factor} and "
+                    f"rope_low_freq_factor={self.rope_low_freq_factor}: llama3 RoPE needs "
+                    "high > low > 0"
+                )
+            if self.rope_original_max_len < 1:
+                raise ValueError("model.rope_original_max_len must be >= 1 for rope_type 'llama3'")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model.num_kv_heads={self.num_kv_heads} must divide "
@@ -125,12 +157,49 @@ class RMSNorm(nn.Module):
         return (x32 * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
 
 
-def rotary(x, positions, theta: float):
-    """Rotary position embedding (rotate-half form). x: [B, T, H, D], positions: [B, T]."""
-    head_dim = x.shape[-1]
-    half = head_dim // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [D/2]
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies float32[head_dim / 2], as transformers' ROPE_INIT_FUNCTIONS
+    compute them (float32 arithmetic in the same order).
+
+    linear: every frequency divided by factor. llama3: long wavelengths (> original /
+    low_freq_factor) divided by factor, short ones (< original / high_freq_factor) kept,
+    interpolated between. dynamic (NTK): theta grows to theta * (factor * L / original -
+    factor + 1) ** (D / (D - 2)) for a sequence of L tokens, L = max(L, original).
+    transformers recomputes that for each batch's length; replax fixes L = max_len. The two
+    are the same for every sequence when max_len <= original (max_position_embeddings),
+    where the frequencies are the unscaled ones; beyond it replax's are those transformers
+    uses for a max_len-token sequence.
+    """
+    dim = config.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    base = float(config.rope_theta)
+    original = config.rope_original_max_len or config.max_len
+    if config.rope_type == "dynamic":
+        seq_len = max(config.max_len, original)
+        scale = config.rope_factor * seq_len / original - (config.rope_factor - 1)
+        base = base * scale ** (dim / (dim - 2))
+    inv_freq = (1.0 / (np.float32(base) ** exponents)).astype(np.float32)
+    if config.rope_type == "linear":
+        inv_freq = inv_freq / np.float32(config.rope_factor)
+    elif config.rope_type == "llama3":
+        factor, low, high = (
+            config.rope_factor,
+            config.rope_low_freq_factor,
+            config.rope_high_freq_factor,
+        )
+        wavelen = np.float32(2 * math.pi) / inv_freq
+        scaled = np.where(wavelen > original / low, inv_freq / np.float32(factor), inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+        medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+        inv_freq = np.where(medium, smoothed, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def rotary(x, positions, inv_freq):
+    """Rotary position embedding (rotate-half form). x: [B, T, H, D], positions: [B, T],
+    inv_freq: [D/2] (`rope_inv_freq`)."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
     sin = jnp.sin(angles)[:, :, None, :]  # [B, T, 1, D/2]
     cos = jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -172,8 +241,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
             k = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
-        q = rotary(q, positions, cfg.rope_theta)
-        k = rotary(k, positions, cfg.rope_theta)
+        inv_freq = rope_inv_freq(cfg)
+        q = rotary(q, positions, inv_freq)
+        k = rotary(k, positions, inv_freq)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
         # Keys and values heads-major, [B, KV, S, D], as the KV cache stores them: both
         # attention contractions are then batched matmuls over (B, KV) that read the

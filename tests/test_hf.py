@@ -77,6 +77,40 @@ HF_CONFIGS = {
         "tie_word_embeddings": True,
         "attention_bias": False,
     },
+    # transformers 5.x form: theta and the scaling in rope_parameters.
+    "llama3_rope": {
+        **_BASE_HF,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    },
+    # transformers 4.x form, with the legacy "type" key.
+    "qwen2_linear": {
+        **_BASE_HF,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "rope_theta": 1000.0,
+        "tie_word_embeddings": False,
+        "rope_scaling": {"type": "linear", "factor": 4.0},
+    },
+    "qwen3_dynamic": {
+        **_BASE_HF,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "head_dim": 16,
+        "max_position_embeddings": 8,  # shorter than the test's 12 tokens: NTK scales
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0},
+    },
 }
 
 
@@ -136,9 +170,40 @@ def random_hf_checkpoint(c, seed=0):
         t[p + "mlp.up_proj.weight"] = linear(m, e)
         t[p + "mlp.down_proj.weight"] = linear(e, m)
     t["model.norm.weight"] = norm(e)
-    if not c["tie_word_embeddings"]:
+    if not c.get("tie_word_embeddings", False):
         t["lm_head.weight"] = linear(v, e)
     return t
+
+
+def hf_inv_freq(c, seq_len):
+    """RoPE inverse frequencies [D/2] of an HF config for a `seq_len`-token sequence,
+    transcribed from transformers' modeling_rope_utils in float64."""
+    d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
+    max_pos = c["max_position_embeddings"]
+    if kind == "dynamic":
+        seq_len = max(seq_len, max_pos)
+        theta *= (rope["factor"] * seq_len / max_pos - (rope["factor"] - 1)) ** (d / (d - 2))
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    if kind == "linear":
+        inv_freq = inv_freq / rope["factor"]
+    if kind == "llama3":
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old = rope["original_max_position_embeddings"]
+        out = []
+        for f in inv_freq:
+            wavelen = 2 * np.pi / f
+            if wavelen < old / high:
+                out.append(f)
+            elif wavelen > old / low:
+                out.append(f / factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                out.append((1 - smooth) * f / factor + smooth * f)
+        inv_freq = np.array(out)
+    return inv_freq
 
 
 def hf_forward(c, t, tokens):
@@ -147,7 +212,7 @@ def hf_forward(c, t, tokens):
     t = {k: x.astype(np.float64) for k, x in t.items()}
     e, h, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim") or e // h
-    eps, theta = c["rms_norm_eps"], c["rope_theta"]
+    eps = c.get("rms_norm_eps", 1e-6)
     b, s = tokens.shape
 
     def rms_norm(x, w):
@@ -157,7 +222,7 @@ def hf_forward(c, t, tokens):
         x1, x2 = x[..., : d // 2], x[..., d // 2 :]
         return np.concatenate([-x2, x1], axis=-1)
 
-    inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    inv_freq = hf_inv_freq(c, s)
     freqs = np.arange(s)[:, None] * inv_freq[None, :]  # [S, D/2]
     emb = np.concatenate([freqs, freqs], axis=-1)  # [S, D]
     cos, sin = np.cos(emb), np.sin(emb)
@@ -193,7 +258,7 @@ def hf_forward(c, t, tokens):
         up = hs @ t[p + "mlp.up_proj.weight"].T
         x = x + (gate / (1.0 + np.exp(-gate)) * up) @ t[p + "mlp.down_proj.weight"].T
     x = rms_norm(x, t["model.norm.weight"])
-    head = t.get("lm_head.weight", t["model.embed_tokens.weight"])
+    head = t.get("lm_head.weight", t["model.embed_tokens.weight"])  # tied without it
     return x @ head.T
 
 
@@ -329,7 +394,8 @@ def test_shard_params_places_on_mesh():
 def test_forward_matches_numpy_hf_reference(arch):
     c = HF_CONFIGS[arch]
     tensors = random_hf_checkpoint(c, seed=3)
-    config = hf.config_from_hf(c)
+    # max_len = the 12 tokens: dynamic NTK then scales as transformers does for 12 tokens.
+    config = hf.config_from_hf(c, max_len=12)
     params = hf.params_from_hf(tensors, config)
     tokens = np.random.default_rng(4).integers(0, c["vocab_size"], (2, 12)).astype(np.int32)
     positions = np.broadcast_to(np.arange(12, dtype=np.int32), tokens.shape)
@@ -346,11 +412,14 @@ def test_forward_matches_numpy_hf_reference(arch):
 
 
 @pytest.mark.parametrize(
-    "change, message",
+    "change, message",  # one line naming the field and what is allowed
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
-        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "longrope"}}, "rope_parameters type 'longrope'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
+        ({"rope_scaling": {"type": "linear"}}, "factor"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias"),
         ({"use_sliding_window": True}, "use_sliding_window"),
@@ -403,3 +472,219 @@ def test_params_from_hf_rejects_bad_tensors():
 def test_config_to_hf_rejects_bias_and_norm():
     with pytest.raises(ValueError, match="qkv_bias"):
         hf.config_to_hf(dataclasses.replace(TINY, qkv_bias=True, qk_norm=True))
+
+
+# ---------------------------------------------------------------------------------------
+# RoPE scaling.
+
+
+def test_rope_fields_from_both_config_forms():
+    llama3 = hf.config_from_hf(HF_CONFIGS["llama3_rope"])
+    assert (llama3.rope_type, llama3.rope_theta, llama3.rope_factor) == ("llama3", 1e4, 8.0)
+    assert (llama3.rope_low_freq_factor, llama3.rope_high_freq_factor) == (1.0, 4.0)
+    assert llama3.rope_original_max_len == 64 and llama3.max_len == 32
+    # transformers 4.x: rope_theta at the top, the scaling in rope_scaling.
+    v4 = {**HF_CONFIGS["llama3_rope"], "rope_theta": 10000.0, "rope_parameters": None}
+    v4["rope_scaling"] = {
+        k: v for k, v in HF_CONFIGS["llama3_rope"]["rope_parameters"].items() if k != "rope_theta"
+    }
+    assert hf.config_from_hf(v4) == llama3
+    # Without original_max_position_embeddings, transformers uses max_position_embeddings.
+    del v4["rope_scaling"]["original_max_position_embeddings"]
+    assert hf.config_from_hf(v4).rope_original_max_len == 32
+    linear = hf.config_from_hf(HF_CONFIGS["qwen2_linear"])
+    assert (linear.rope_type, linear.rope_factor, linear.rope_theta) == ("linear", 4.0, 1000.0)
+    dynamic = hf.config_from_hf(HF_CONFIGS["qwen3_dynamic"])
+    assert (dynamic.rope_type, dynamic.rope_original_max_len) == ("dynamic", 8)
+    plain = hf.config_from_hf({**HF_CONFIGS["qwen3"], "rope_parameters": {"rope_theta": 5.0}})
+    assert (plain.rope_type, plain.rope_theta) == ("default", 5.0)
+
+
+@pytest.mark.parametrize("arch", ["llama3_rope", "qwen2_linear", "qwen3_dynamic"])
+def test_rope_scaling_round_trips_through_export(arch):
+    config = hf.config_from_hf(HF_CONFIGS[arch])
+    exported = hf.config_to_hf(config)
+    assert exported["rope_parameters"]["rope_type"] == config.rope_type
+    assert exported["rope_scaling"]["rope_type"] == config.rope_type
+    assert hf.config_from_hf(exported) == config
+    # Read as transformers 4.x would (no rope_parameters), the same config.
+    assert hf.config_from_hf({**exported, "rope_parameters": None}) == config
+
+
+def test_rope_inv_freq_by_hand():
+    # head_dim 8, theta 1e4: inv_freq 1, 0.1, 0.01, 0.001, wavelengths 2 pi x 1, 10, 100,
+    # 1000. llama3 with original 64, low 1, high 4: wavelength < 16 kept, > 64 divided by
+    # factor 8, 62.8 in between: smooth = (64 / 62.83 - 1) / 3, mixing f / 8 and f.
+    base = dict(head_dim=8, num_heads=2, num_kv_heads=2, rope_theta=1e4)
+    plain = model_lib.rope_inv_freq(model_lib.ModelConfig(**base))
+    np.testing.assert_allclose(plain, [1.0, 0.1, 0.01, 0.001], rtol=1e-6)
+    llama3 = model_lib.ModelConfig(
+        **base, rope_type="llama3", rope_factor=8.0, rope_original_max_len=64
+    )
+    smooth = (64 / (2 * np.pi * 10) - 1) / 3
+    expected = [1.0, (1 - smooth) * 0.1 / 8 + smooth * 0.1, 0.01 / 8, 0.001 / 8]
+    np.testing.assert_allclose(model_lib.rope_inv_freq(llama3), expected, rtol=1e-6)
+    linear = model_lib.ModelConfig(**base, rope_type="linear", rope_factor=4.0)
+    np.testing.assert_allclose(model_lib.rope_inv_freq(linear), plain / 4, rtol=1e-6)
+    # dynamic: unscaled up to the original length; at 2x it with factor 3, theta grows by
+    # (3 * 2 - 2) ** (8 / 6).
+    dynamic = dict(base, rope_type="dynamic", rope_factor=3.0, rope_original_max_len=64)
+    short = model_lib.ModelConfig(**dynamic, max_len=64)
+    np.testing.assert_allclose(model_lib.rope_inv_freq(short), plain, rtol=1e-6)
+    long = model_lib.ModelConfig(**dynamic, max_len=128)
+    theta = 1e4 * 4 ** (8 / 6)
+    np.testing.assert_allclose(
+        model_lib.rope_inv_freq(long), theta ** -(np.arange(4) / 4), rtol=1e-5
+    )
+
+
+def test_model_config_rejects_bad_rope():
+    with pytest.raises(ValueError, match="rope_type='yarn'.*allowed"):
+        model_lib.ModelConfig(rope_type="yarn")
+    with pytest.raises(ValueError, match="rope_original_max_len"):
+        model_lib.ModelConfig(rope_type="llama3", rope_factor=8.0)
+    with pytest.raises(ValueError, match="high"):
+        model_lib.ModelConfig(rope_type="llama3", rope_original_max_len=8, rope_low_freq_factor=4.0)
+
+
+# ---------------------------------------------------------------------------------------
+# Sharded loading: each device's block straight from the file.
+
+
+@pytest.mark.parametrize(
+    "variant, mesh_shape, param_dtype, shard_bytes",
+    [
+        ("qkv_bias", (2, 2, 2), "float32", None),
+        ("qk_norm", (1, 2, 4), "float32", 20_000),
+        ("untied", (1, 8, 1), "bfloat16", None),
+        ("tied", (1, 1, 8), "float32", None),
+    ],
+)
+def test_load_pretrained_sharded_matches_unsharded(
+    tmp_path, variant, mesh_shape, param_dtype, shard_bytes
+):
+    # vocab 64, heads 4, kv 2, head_dim 16, mlp 48: tensor = 4 or 8 splits kv_heads 2 and
+    # heads unevenly, so blocks within a head (a strided read) are exercised too.
+    config = dataclasses.replace(TINY, **VARIANTS[variant], num_kv_heads=4, param_dtype=param_dtype)
+    params = random_params(config)
+    if param_dtype == "bfloat16":
+        params = jax.tree_util.tree_map(lambda x: x.astype(ml_dtypes.bfloat16), params)
+    hf.save_pretrained(str(tmp_path), config, params, max_shard_bytes=shard_bytes)
+    mesh = sharding.make_mesh(mesh_shape)
+    rules = sharding.DEFAULT_RULES
+    if mesh_shape == (1, 1, 8):  # head_dim sharded: every block is strided in HF's rows
+        moved = {"head_dim": "tensor", "heads": None, "kv_heads": None}
+        rules = tuple((k, moved.get(k, v)) for k, v in rules)
+    loaded_config, sharded = hf.load_pretrained_sharded(
+        str(tmp_path), mesh, rules, param_dtype=param_dtype
+    )
+    assert loaded_config == config
+    _, host = hf.load_pretrained(str(tmp_path), param_dtype=param_dtype)
+    expected = hf.shard_params(host, config, mesh, rules)
+    assert jax.tree_util.tree_structure(sharded) == jax.tree_util.tree_structure(expected)
+    for x, y in zip(jax.tree_util.tree_leaves(sharded), jax.tree_util.tree_leaves(expected)):
+        assert x.sharding == y.sharding and x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    q = sharded["layer_0"]["attn"]["q"]
+    assert len(q.addressable_shards) == 8
+
+
+def test_load_pretrained_sharded_reads_only_its_blocks(tmp_path, monkeypatch):
+    config = dataclasses.replace(TINY, tie_embeddings=False)
+    hf.save_pretrained(str(tmp_path), config, random_params(config))
+    reads = []
+    original = hf._read_block
+
+    def counting(view, entry, index):
+        block = original(view, entry, index)
+        reads.append((entry.hf_name, block.size))
+        return block
+
+    monkeypatch.setattr(hf, "_read_block", counting)
+    mesh = sharding.make_mesh((2, 2, 2))
+    hf.load_pretrained_sharded(str(tmp_path), mesh)
+    # Each distinct block is read once: lm_head [E, V] over (fsdp, tensor) = 4 blocks of
+    # a quarter of it, although 8 devices hold them.
+    head = [size for name, size in reads if name == "lm_head.weight"]
+    assert head == [32 * 64 // 4] * 4
+
+
+def test_load_pretrained_sharded_memmap_fallback_and_errors(tmp_path, monkeypatch):
+    config = dataclasses.replace(TINY, qkv_bias=True)
+    params = random_params(config)
+    hf.save_pretrained(str(tmp_path), config, params)
+    import safetensors
+
+    def no_safe_open(*args, **kwargs):  # an older safetensors without numpy bfloat16
+        raise TypeError("data type 'bfloat16' not understood")
+
+    monkeypatch.setattr(safetensors, "safe_open", no_safe_open)
+    mesh = sharding.make_mesh((2, 2, 2))
+    _, sharded = hf.load_pretrained_sharded(str(tmp_path), mesh)
+    assert_trees_equal(jax.device_get(sharded), params)
+
+    tensors = hf.params_to_hf(params, config)
+    del tensors["model.layers.1.self_attn.v_proj.bias"]
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing.*layers\.1\.self_attn\.v_proj\.bias.*\[32\]"):
+        hf.load_pretrained_sharded(str(tmp_path), mesh)
+    with pytest.raises(ValueError, match=r"nothing/config.json: cannot be read"):
+        hf.load_pretrained_sharded(str(tmp_path / "nothing"), mesh)
+    os.remove(tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="neither model.safetensors"):
+        hf.load_pretrained_sharded(str(tmp_path), mesh)
+
+
+# ---------------------------------------------------------------------------------------
+# Export with the tokenizer.
+
+
+def _tiny_tokenizer_dir(directory):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "[UNK]": 3, "a": 4}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None})
+    )
+    (directory / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    (directory / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [2, 0], "temperature": 0.7, "top_p": 0.8})
+    )
+    return directory
+
+
+def test_save_pretrained_with_tokenizer(tmp_path):
+    source = _tiny_tokenizer_dir(tmp_path / "source")
+    config = TINY
+    written = hf.save_pretrained(
+        str(tmp_path / "out"),
+        config,
+        random_params(config),
+        tokenizer_dir=str(source),
+        generation={"do_sample": True},
+    )
+    assert written == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ]
+    with open(tmp_path / "out" / "generation_config.json") as f:
+        generation = json.load(f)
+    # The source's sampling defaults kept, every stop id, the pad id, no BOS (Qwen-like).
+    assert generation == {
+        "eos_token_id": [2, 0],
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "pad_token_id": 0,
+        "do_sample": True,
+    }
+    with open(tmp_path / "out" / "config.json") as f:
+        assert json.load(f)["dtype"] == "float32"

@@ -1,12 +1,18 @@
 """Tests for replax/tasks: arithmetic generation and the arith / math rewards."""
 
+import json
+import pathlib
 import random
 import re
+import sys
 
 import pytest
 
 from replax.tasks import Example, arith, make_task
+from replax.tasks import math as math_task
 from replax.tasks.math import extract_answer, math_reward, read_gsm8k_jsonl
+
+DATA = pathlib.Path(__file__).parent / "data"
 
 
 def _python_value(prompt: str) -> int:
@@ -209,10 +215,291 @@ def test_read_gsm8k_jsonl(tmp_path):
         '{"question": "2+2?", "answer": "2+2=4\\n#### 4"}\n\n'
         '{"question": "Big?", "answer": "#### 1,000"}\n'
     )
-    assert read_gsm8k_jsonl(path) == [Example("2+2?", "4"), Example("Big?", "1,000")]
+    assert read_gsm8k_jsonl(path) == [Example("2+2?", "4"), Example("Big?", "1000")]
     task = make_task("gsm8k", files={"test": str(path)})
     assert task.examples("test", 1) == [Example("2+2?", "4")]
     assert task.reward("so \\boxed{4}", "4") == 1.0
     path.write_text('{"question": "2+2?", "answer": "#### 4"}\n{"question": "x"}\n')
     with pytest.raises(ValueError, match=r"train.jsonl:2"):
         read_gsm8k_jsonl(path)
+
+
+# ---------------------------------------------------------------------------------------
+# GSM8K and MATH answers, as the field extracts and normalises them.
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so 3 + 4 = 7.\n#### 7", "7"),
+        ("#### 1,234.", "1234"),
+        ("#### 5\nthen more text #### 6", "6"),  # the last "####"
+        ("She pays $1,250 in total.", "1250"),  # no "####": the last number
+        ("It is 18.", "18"),
+        ("Answer: \\boxed{42} (from 40 + 2)", "42"),  # a box beats later numbers
+        ("-3 degrees", "-3"),
+        ("nothing", None),
+    ],
+)
+def test_extract_gsm8k_answer(text, expected):
+    assert math_task.extract_gsm8k_answer(text) == expected
+
+
+def test_gsm8k_reference_removes_commas():
+    assert math_task.gsm8k_reference("so 1000 + 234\n#### 1,234") == "1234"
+    with pytest.raises(ValueError, match="####"):
+        math_task.gsm8k_reference("no final answer")
+
+
+@pytest.mark.parametrize(
+    "predicted, reference",
+    [
+        ("\\left( 3, 4 \\right)", "(3,4)"),
+        ("\\!5", "5"),
+        ("\\dfrac{1}{2}", "\\frac{1}{2}"),
+        ("\\tfrac12", "\\frac{1}{2}"),
+        ("\\frac12", "0.5"),  # numbers compare by value
+        ("\\frac{3}{4}", "0.75"),
+        ("10\\text{ cm}", "10"),
+        ("\\text{10 cm}", "10"),
+        ("720^\\circ", "720"),
+        ("90^{\\circ}", "90"),
+        ("\\$31.25", "31.25"),
+        ("$5$", "5"),
+        ("x = 5", "5"),
+        ("k=-3", "-3"),
+        ("5.", "5"),
+        ("2.50", "2.5"),
+        ("5\\sqrt2", "5\\sqrt{2}"),
+        ("2, 3", "2,3"),
+        ("1,000", "1000"),
+        ("\\text{(A)}", "(A)"),
+        ("45\\%", "45"),
+        ("3\\ \\text{ways}", "3"),
+        (".5", "\\frac{1}{2}"),
+    ],
+)
+def test_answers_match_normalisation(predicted, reference):
+    assert math_task.answers_match(predicted, reference)
+    assert math_task.answers_match(reference, predicted)
+
+
+@pytest.mark.parametrize(
+    "predicted, reference",
+    [("\\frac{1}{3}", "0.33"), ("2,3", "23"), ("5\\sqrt{3}", "5\\sqrt{2}"), ("x+1", "x-1")],
+)
+def test_answers_differ(predicted, reference):
+    assert not math_task.answers_match(predicted, reference)
+
+
+def test_rewards_never_raise():
+    rng = random.Random(1)
+    alphabet = "0123456789{}\\boxed#$,./%-+ frac\n=x^circ text"
+    odd = ["\\frac{1}{0}", "1/0", "\\boxed{1/0}", "#### ", "\\boxed{\\frac{.}{.}}", "\x00" * 5]
+    task = math_task.MathTask("math", prompt_format="base")
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        for a, b in (
+            [(text, "12"), ("12", text)] + [(o, "1") for o in odd] + [("1", o) for o in odd]
+        ):
+            assert math_task.gsm8k_reward(a, b) in (0.0, 1.0)
+            assert math_reward(a, b) in (0.0, 1.0)
+            assert task.reward(a, b) in (0.0, 1.0)
+    assert math_task.gsm8k_reward(None, "1") == 0.0  # even not a string
+
+
+# ---------------------------------------------------------------------------------------
+# The tiny data sets: every reference solution earns its own reward.
+
+
+def test_gsm8k_tiny_data():
+    examples = math_task.read_gsm8k(DATA / "gsm8k_tiny.jsonl")
+    assert len(examples) == 40
+    assert all(re.fullmatch(r"\d+", e.answer) for e in examples)
+    solutions = [json.loads(line)["answer"] for line in open(DATA / "gsm8k_tiny.jsonl")]
+    assert any("," in s.split("####")[1] for s in solutions)  # "#### 1,234" is read as 1234
+    for example, solution in zip(examples, solutions):
+        assert math_task.gsm8k_reward(solution, example.answer) == 1.0
+        assert math_task.gsm8k_reward(solution, str(int(example.answer) + 1)) == 0.0
+
+
+def test_math_tiny_data():
+    examples = math_task.read_math(DATA / "math_tiny.jsonl")
+    assert len(examples) == 20
+    records = [json.loads(line) for line in open(DATA / "math_tiny.jsonl")]
+    assert examples[0] == Example(records[0]["problem"], "\\frac{1}{2}")
+    assert examples[17].answer == "10"  # the answer field wins over the boxed "10\text{ cm}"
+    for example, record in zip(examples, records):
+        assert math_reward(record["solution"], example.answer) == 1.0, record["solution"]
+        assert math_reward("\\boxed{12345}", example.answer) == 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# Readers: JSONL, parquet, saved datasets; errors name the file and line.
+
+
+def test_readers_agree_across_formats(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    records = [json.loads(line) for line in open(DATA / "gsm8k_tiny.jsonl")]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "train.parquet")
+    jsonl = math_task.read_gsm8k(DATA / "gsm8k_tiny.jsonl")
+    assert math_task.read_gsm8k(tmp_path / "train.parquet") == jsonl
+
+
+def test_reads_a_saved_datasets_directory(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    records = [json.loads(line) for line in open(DATA / "math_tiny.jsonl")]
+    records = [{k: r[k] for k in ("problem", "solution")} for r in records]
+    data = datasets.DatasetDict(
+        train=datasets.Dataset.from_list(records[:15]),
+        test=datasets.Dataset.from_list(records[15:]),
+    )
+    data.save_to_disk(str(tmp_path / "math"))
+    task = math_task.MathTask("math", data_path=str(tmp_path / "math"), prompt_format="plain")
+    assert len(task.examples("train", 0)) == 15 and len(task.examples("test", 0)) == 5
+
+
+def test_saved_dataset_without_datasets_installed(tmp_path, monkeypatch):
+    (tmp_path / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ValueError, match="pip install datasets"):
+        math_task.read_math(tmp_path, "train")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            '{"question": "q", "answer": "#### 1"}\n\n{"question": "q"}\n',
+            r"bad.jsonl:3: .*'answer'",
+        ),
+        ('{"question": "q", "answer": "no hashes"}\n', r"bad.jsonl:1: .*####"),
+        ('{"question": "q", "answer": "#### 1"}\n{oops\n', r"bad.jsonl:2: not JSON"),
+        ('["a list"]\n', r"bad.jsonl:1: .*not an object"),
+    ],
+)
+def test_malformed_gsm8k_lines(tmp_path, content, message):
+    (tmp_path / "bad.jsonl").write_text(content)
+    with pytest.raises(ValueError, match=message) as info:
+        math_task.read_gsm8k(tmp_path / "bad.jsonl")
+    assert "\n" not in str(info.value)
+
+
+def test_malformed_math_and_missing_files(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"problem": "p", "solution": "no box"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: .*no answer"):
+        math_task.read_math(tmp_path / "bad.jsonl")
+    with pytest.raises(ValueError, match=r"nope.jsonl: no such file"):
+        math_task.read_gsm8k(tmp_path / "nope.jsonl")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match=r"bad.parquet: not a readable parquet"):
+        math_task.read_gsm8k(tmp_path / "bad.parquet")
+
+
+# ---------------------------------------------------------------------------------------
+# MathTask: splits, prompt formats, rewards.
+
+
+def test_math_task_splits(tmp_path):
+    source = DATA / "gsm8k_tiny.jsonl"
+    # One file: split by a hash of each question, disjoint, covering, deterministic.
+    task = make_task("gsm8k", data_path=str(source), prompt_format="plain", test_fraction=0.25)
+    train, test = task.examples("train", 0), task.examples("test", 0)
+    assert len(train) + len(test) == 40 and 4 <= len(test) <= 18
+    assert not {e.prompt for e in train} & {e.prompt for e in test}
+    assert task.examples("test", 3) == test[:3]
+    with pytest.raises(ValueError, match=r"asked 41: allowed is num <= 40|allowed is num <="):
+        task.examples("train", 41)
+    # A directory with train.jsonl and test.jsonl; or data_path plus test_path.
+    lines = source.read_text().splitlines(keepends=True)
+    (tmp_path / "train.jsonl").write_text("".join(lines[:30]))
+    (tmp_path / "test.jsonl").write_text("".join(lines[30:]))
+    by_dir = math_task.MathTask(data_path=str(tmp_path), prompt_format="plain")
+    assert len(by_dir.examples("train", 0)) == 30 and len(by_dir.examples("test", 0)) == 10
+    by_paths = math_task.MathTask(
+        data_path=str(tmp_path / "train.jsonl"),
+        test_path=str(tmp_path / "test.jsonl"),
+        prompt_format="plain",
+    )
+    assert by_paths.examples("test", 0) == by_dir.examples("test", 0)
+    with pytest.raises(ValueError, match="split 'validation'"):
+        by_dir.examples("validation", 1)
+    with pytest.raises(ValueError, match="task.data_path"):
+        math_task.MathTask(prompt_format="plain").examples("train", 1)
+    assert by_dir.data_key() == by_paths.data_key()  # the same files, the same data
+    base = math_task.MathTask(data_path=str(tmp_path), prompt_format="base")
+    assert base.data_key() != by_dir.data_key()
+    assert by_dir.max_prompt_chars() == max(len(e.prompt) for e in math_task.read_gsm8k(source))
+
+
+def test_math_task_bad_settings():
+    with pytest.raises(ValueError, match="prompt_format='instruct' needs a tokenizer"):
+        math_task.MathTask("gsm8k", prompt_format="instruct")
+    with pytest.raises(ValueError, match="prompt_format='chat'.*allowed"):
+        math_task.MathTask("gsm8k", prompt_format="chat")
+    with pytest.raises(ValueError, match="num_shots=9"):
+        math_task.MathTask("math", prompt_format="base", num_shots=9)
+    with pytest.raises(ValueError, match="task.name='aime'"):
+        math_task.MathTask("aime")
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _chat_tokenizer(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from replax.tokenizer import HFTokenizer
+
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "[UNK]": 3}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "bos_token": None, "chat_template": CHATML}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    return HFTokenizer(tmp_path)
+
+
+def test_instruct_prompts_use_the_chat_template(tmp_path):
+    tokenizer = _chat_tokenizer(tmp_path)
+    gsm8k = make_task("gsm8k", data_path=str(DATA / "gsm8k_tiny.jsonl"), tokenizer=tokenizer)
+    assert gsm8k.prompt_format == "instruct"  # a tokenizer with a chat template
+    example = gsm8k.examples("train", 1)[0]
+    question = gsm8k.raw_examples("train")[0].prompt
+    assert example.prompt == (
+        f"<|im_start|>user\n{question}\n{math_task.GSM8K_INSTRUCTION}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert gsm8k.reward("Let me think.\n#### " + example.answer, example.answer) == 1.0
+    math = math_task.MathTask(
+        "math",
+        data_path=str(DATA / "math_tiny.jsonl"),
+        tokenizer=tokenizer,
+        system_prompt="You are a careful mathematician.",
+    )
+    prompt = math.format_prompt("What is 1+1?")
+    assert prompt.startswith("<|im_start|>system\nYou are a careful mathematician.<|im_end|>")
+    assert "What is 1+1?\nPlease reason step by step, and put your final answer within " in prompt
+    assert math.reward("so $\\boxed{\\dfrac{1}{2}}$", "\\frac{1}{2}") == 1.0
+
+
+def test_base_prompts_are_few_shot_and_cut_at_the_next_question():
+    gsm8k = math_task.MathTask(
+        "gsm8k", data_path=str(DATA / "gsm8k_tiny.jsonl"), prompt_format="base", num_shots=2
+    )
+    prompt = gsm8k.format_prompt("How many legs do 3 cats have?")
+    question, answer = math_task.GSM8K_SHOTS[0]
+    assert prompt.startswith(f"Question: {question}\nAnswer: {answer}\n\n")
+    assert prompt.count("Question: ") == 3
+    assert prompt.endswith("Question: How many legs do 3 cats have?\nAnswer:")
+    # A base model runs on into an invented next exemplar: only its first answer counts.
+    completion = " 3 * 4 = 12.\n#### 12\n\nQuestion: What is 2+2?\nAnswer: 4\n#### 4"
+    assert gsm8k.reward(completion, "12") == 1.0
+    assert gsm8k.reward(completion, "4") == 0.0
+    math = math_task.MathTask("math", prompt_format="base")
+    assert math.format_prompt("p").endswith("Problem: p\nSolution:")
+    assert math.format_prompt("p").count("\\boxed") == 4

@@ -1,19 +1,38 @@
-"""Final-answer checking for GSM8K- and MATH-style problems.
+"""GSM8K and MATH: final-answer extraction as the field does it, local data, prompts.
 
-The final answer of a completion is the content of its last \\boxed{...} (nested
-braces allowed), else what follows its last "####", else its last number. Both the
-completion's answer and the reference are normalised (commas, $, %, trailing ".",
-spaces, \\text{...}, \\dfrac) and compared as numbers (integers, decimals, a/b,
-\\frac{a}{b}) with a relative tolerance, else as normalised strings.
+Answers. GSM8K: the reference is the text after "####" in the solution, commas removed;
+a completion's answer is the text after its last "####", else its last \\boxed{...},
+else its last number (commas removed, a trailing period dropped). MATH: the reference is
+the `answer` field, else the last \\boxed{...} of the solution; a completion's answer is
+its last \\boxed{...} (or \\fbox), else what follows "####", else its last number. Both
+sides are normalised as the MATH / Minerva / lm-eval-harness answer checkers do
+(`normalize`: \\left \\right, \\! and spacing, \\dfrac -> \\frac, \\frac12 -> \\frac{1}{2},
+units such as "\\text{ cm}", ^\\circ, dollars, percent, "x =", trailing ".") and compared
+as numbers when both are (0.5 equals \\frac{1}{2}; relative tolerance 1e-6), else as
+strings. A reward never raises: anything odd scores 0.0.
+
+Data. `read_gsm8k` / `read_math` read a JSONL file, a parquet file (pyarrow) or a saved
+Hugging Face `datasets` directory (datasets.load_from_disk); GSM8K records have
+question / answer, MATH records problem / solution (and optionally answer). A malformed
+record or a missing file raises a ValueError naming the file and the 1-based line (row).
+
+Prompts. "instruct": the tokenizer's chat template over the question and the field's
+instruction (GSM8K: verl's "Let's think step by step and output the final answer after
+"####"."; MATH: Qwen2.5-Math's "Please reason step by step, and put your final answer
+within \\boxed{}."). "base": a few-shot prompt with fixed exemplars written for replax.
+"plain": the question alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import pathlib
 import re
 from fractions import Fraction
+from typing import Any
 
 from replax.tasks import Example, Task
 
@@ -21,6 +40,63 @@ _MAX_CHARS = 100_000  # completions are capped by the sampler; this guards odd i
 # A leading "-" counts as a sign only when it does not follow a word ("5-3", "x-2").
 _NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|\.\d+)")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+PROMPT_FORMATS = ("instruct", "base", "plain")
+
+# Few-shot exemplars for base models (written for replax; GSM8K and MATH style).
+GSM8K_SHOTS = (
+    (
+        "A baker makes 24 muffins in the morning and 18 in the afternoon. He sells 35 of "
+        "them. How many muffins are left?",
+        "He makes 24 + 18 = 42 muffins. After selling 35, 42 - 35 = 7 are left.\n#### 7",
+    ),
+    (
+        "Tickets cost $6 for adults and $4 for children. How much do 3 adults and 5 "
+        "children pay in total?",
+        "The adults pay 3 * 6 = 18 dollars and the children pay 5 * 4 = 20 dollars. "
+        "Together they pay 18 + 20 = 38 dollars.\n#### 38",
+    ),
+    (
+        "A tank holds 1,200 liters. It is filled at 40 liters per minute. How many minutes "
+        "does it take to fill half of the tank?",
+        "Half of the tank is 1200 / 2 = 600 liters. At 40 liters per minute this takes "
+        "600 / 40 = 15 minutes.\n#### 15",
+    ),
+    (
+        "Mia reads 12 pages a day for 5 days and then 20 pages a day for 3 days. How many "
+        "pages does she read?",
+        "She reads 12 * 5 = 60 pages and then 20 * 3 = 60 pages, so 60 + 60 = 120 pages.\n#### 120",
+    ),
+)
+MATH_SHOTS = (
+    (
+        "What is the value of $\\frac{3}{4} + \\frac{1}{6}$?",
+        "With the common denominator 12, $\\frac{9}{12} + \\frac{2}{12} = \\frac{11}{12}$. "
+        "The final answer is $\\boxed{\\frac{11}{12}}$.",
+    ),
+    (
+        "Solve for $x$: $3x - 7 = 11$.",
+        "Adding 7 to both sides gives $3x = 18$, so $x = 6$. The final answer is $\\boxed{6}$.",
+    ),
+    (
+        "How many positive divisors does $36$ have?",
+        "$36 = 2^2 \\cdot 3^2$, so it has $(2+1)(2+1) = 9$ divisors. The final answer is "
+        "$\\boxed{9}$.",
+    ),
+    (
+        "What is the distance between the points $(1, 2)$ and $(4, 6)$?",
+        "The distance is $\\sqrt{(4-1)^2 + (6-2)^2} = \\sqrt{9 + 16} = 5$. The final answer "
+        "is $\\boxed{5}$.",
+    ),
+)
+# Where a base model's continuation starts the next exemplar: the answer is cut there.
+_NEXT_QUESTION = re.compile(r"\n\s*(?:Question|Problem):")
+
+
+# ---------------------------------------------------------------------------------------
+# Extraction.
 
 
 def last_boxed(text: str) -> str | None:
@@ -46,33 +122,119 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: no answer
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer stated in `text`, before normalisation; None if there is none."""
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    if "####" in text:
-        after = text.rsplit("####", 1)[1].strip()
-        return after.splitlines()[0] if after else None
+def _after_hashes(text: str) -> str | None:
+    if "####" not in text:
+        return None
+    after = text.rsplit("####", 1)[1].strip()
+    return after.splitlines()[0].strip() if after else None
+
+
+def _last_number(text: str) -> str | None:
     numbers = _NUMBER.findall(text)
     return numbers[-1] if numbers else None
 
 
+def gsm8k_reference(solution: str) -> str:
+    """The final answer of a GSM8K solution: the text after "####", commas removed."""
+    if "####" not in solution:
+        raise ValueError('the solution has no "####" final answer')
+    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """A GSM8K completion's answer: after its last "####", else its last \\boxed{...},
+    else its last number; commas removed and a trailing period dropped."""
+    answer = _after_hashes(text)
+    if answer is None:
+        answer = last_boxed(text)
+    if answer is None:
+        answer = _last_number(text)
+    if answer is None:
+        return None
+    return answer.replace(",", "").strip().rstrip(".")
+
+
+def extract_answer(text: str) -> str | None:
+    """A MATH-style final answer: the last \\boxed{...}, else what follows "####", else the
+    last number; before normalisation. None if there is none."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    after = _after_hashes(text)
+    return after if after is not None else _last_number(text)
+
+
+# ---------------------------------------------------------------------------------------
+# Normalisation and comparison.
+
+# Unit words dropped from answers (Minerva's list), when not part of a longer word.
+_UNITS = (
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "inch",
+    "ft",
+    "hours",
+    "km",
+    "units",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+)
+_UNIT_RE = re.compile(
+    r"(?<![A-Za-z\\])(?:" + "|".join(_UNITS) + r")(?:\^[23]|\^\{[23]\})?(?![A-Za-z])"
+)
+_TEXT_RE = re.compile(r"\\(?:text|textbf|mbox|mathrm|textrm|overline|boxed)\{([^{}]*)\}")
+
+
+def _fix_fracs(s: str) -> str:
+    """\\frac12 -> \\frac{1}{2}, \\frac1{2} -> \\frac{1}{2}, \\frac{1}2 -> \\frac{1}{2}."""
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
+    return s
+
+
 def normalize(answer: str) -> str:
     """Canonical string form of a final answer (see the module docstring)."""
-    s = answer.strip()
-    s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)  # \text{cm} -> cm
-    s = s.replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", "")
-    s = s.replace("\\left", "").replace("\\right", "")
+    s = answer.strip().replace("\n", "").replace("\\!", "")
+    s = s.replace("\\\\", "\\").replace("\u2212", "-")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # \frac12 -> \frac{1}{2}
-    s = re.sub(r"\\sqrt(\d)", r"\\sqrt{\1}", s)  # \sqrt3 -> \sqrt{3}
+    s = s.replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\^\{?\\circ\}?", "", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
-    s = s.replace("\u2212", "-")  # unicode minus
+    if "\\text{ " in s:  # "5\text{ cm}": a unit after the value
+        head = s.split("\\text{ ")[0]
+        s = head if head.strip() else s
+    for _ in range(3):  # \text{...} and friends, innermost first
+        s = _TEXT_RE.sub(r"\1", s)
+    s = _UNIT_RE.sub("", s)
+    for command in ("\\,", "\\;", "\\:", "\\ ", "~"):
+        s = s.replace(command, "")
     s = re.sub(r"\s+", "", s)
-    s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)  # 1,000 -> 1000 (not "1,2")
+    if "=" in s and len(s.split("=")[0]) <= 2:  # "x=5", "k=5": the value
+        s = s.split("=", 1)[1]
+    s = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
+    s = _fix_fracs(s)
+    s = re.sub(r"(?<![\d.])\.(?=\d)", "0.", s)  # .5 -> 0.5, {.5} -> {0.5}
     s = s.rstrip(".")
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):  # 1,000 -> 1000 (not "1,2")
+        s = s.replace(",", "")
     if re.fullmatch(r"-?\d+\.\d*?0+", s):  # 2.50 -> 2.5, 3.0 -> 3
         s = s.rstrip("0").rstrip(".")
     return s
@@ -93,84 +255,355 @@ def to_number(s: str) -> Fraction | None:
 
 
 def answers_match(predicted: str, reference: str, rel_tol: float = 1e-6) -> bool:
-    """Numeric equality within rel_tol if both are numbers, else string equality."""
+    """Numeric equality within rel_tol if both are numbers, else normalised string equality."""
     predicted, reference = normalize(predicted), normalize(reference)
     if not predicted:
         return False
-    a, b = to_number(predicted), to_number(reference)
+    try:
+        a, b = to_number(predicted), to_number(reference)
+    except (ValueError, ZeroDivisionError):
+        a = b = None
     if a is not None and b is not None:
         return a == b or math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-12)
     return predicted == reference
 
 
-def math_reward(completion: str, answer: str) -> float:
-    """1.0 if the completion's final answer equals `answer`, else 0.0. Never raises.
-
-    `answer` is the reference final answer ("42", "\\frac{1}{2}"); a full reference
-    solution ending in "#### 42" or containing \\boxed{...} also works.
-    """
+def _reward(extract, completion: str, answer: str) -> float:
     try:
-        if len(completion) > _MAX_CHARS:
+        if len(completion) > _MAX_CHARS or len(answer) > _MAX_CHARS:
             return 0.0
-        predicted = extract_answer(completion)
+        predicted = extract(completion)
         if predicted is None:
             return 0.0
-        if "####" in answer or any(c in answer for c in _BOX_COMMANDS):
-            answer = extract_answer(answer) or ""
         return 1.0 if answers_match(predicted, answer) else 0.0
     except Exception:  # noqa: BLE001 - a reward must never take the trainer down
         return 0.0
 
 
-def read_gsm8k_jsonl(path: str | pathlib.Path) -> list[Example]:
-    """Examples from a GSM8K-format JSONL file: {"question": ..., "answer": "... #### 42"}.
+def gsm8k_reward(completion: str, answer: str) -> float:
+    """1.0 if the completion's GSM8K answer equals `answer` (the reference final answer),
+    else 0.0. Never raises."""
+    return _reward(extract_gsm8k_answer, completion, answer)
 
-    The prompt is the question; the answer is the text after "####". Raises
-    ValueError naming the file and the 1-based line number of a malformed line.
+
+def math_reward(completion: str, answer: str) -> float:
+    """1.0 if the completion's final answer (`extract_answer`) equals `answer`, else 0.0.
+    Never raises.
+
+    `answer` is the reference final answer ("42", "\\frac{1}{2}"); a full reference
+    solution ending in "#### 42" or containing \\boxed{...} also works.
     """
+    try:
+        if "####" in answer or any(c in answer for c in _BOX_COMMANDS):
+            answer = extract_answer(answer) or ""
+    except Exception:  # noqa: BLE001
+        return 0.0
+    return _reward(extract_answer, completion, answer)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading local data.
+
+
+def _is_saved_dataset(path: pathlib.Path) -> bool:
+    return path.is_dir() and any(
+        (path / name).is_file() for name in ("dataset_dict.json", "state.json")
+    )
+
+
+def read_records(path: str | os.PathLike, split: str | None = None) -> list[tuple[str, Any]]:
+    """(where, record) pairs of a JSONL file, a parquet file or a saved `datasets` directory;
+    `where` is "FILE:LINE" (1-based; "FILE:ROW" for parquet and datasets rows). A saved
+    DatasetDict needs `split`. Raises ValueError naming the file (and line) on bad input."""
     path = pathlib.Path(path)
+    if _is_saved_dataset(path):
+        try:
+            import datasets
+        except ImportError:
+            raise ValueError(
+                f"{path} is a saved datasets directory: reading it needs `pip install datasets`"
+            ) from None
+        data = datasets.load_from_disk(str(path))
+        if isinstance(data, datasets.DatasetDict):
+            if split not in data:
+                raise ValueError(f"{path}: no split {split!r}; it has {sorted(data)}")
+            data = data[split]
+        return [(f"{path}:{i}", record) for i, record in enumerate(data, start=1)]
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (a JSONL or parquet file, or a saved dataset)")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError(f"{path}: reading parquet needs `pip install pyarrow`") from None
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # noqa: BLE001 - pyarrow's own error types
+            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+        return [(f"{path}:{i}", record) for i, record in enumerate(rows, start=1)]
     out = []
-    with path.open(encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                question, solution = record["question"], record["answer"]
-                if not isinstance(question, str) or not isinstance(solution, str):
-                    raise TypeError("question and answer must be strings")
-                if "####" not in solution:
-                    raise ValueError('answer has no "####" final answer')
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(
-                    f"{path}:{line_number}: malformed GSM8K line ({type(e).__name__}: {e})"
-                ) from e
-            final = solution.rsplit("####", 1)[1].strip()
-            out.append(Example(prompt=question, answer=final))
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line_number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append((f"{path}:{line_number}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{line_number}: not JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
     return out
 
 
-class MathTask(Task):
-    """GSM8K / MATH style problems; examples come from local JSONL files, if given."""
+def _field(where: str, record: Any, name: str, kind: str) -> str:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: malformed {kind} record (not an object)")
+    value = record.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: malformed {kind} record ({name!r} is not a string)")
+    return value
 
-    def __init__(self, name: str = "gsm8k", *, files: dict[str, str] | None = None):
+
+def read_gsm8k(path: str | os.PathLike, split: str | None = None) -> list[Example]:
+    """GSM8K examples: prompt = the question, answer = the text after "####" (no commas)."""
+    out = []
+    for where, record in read_records(path, split):
+        question = _field(where, record, "question", "GSM8K")
+        solution = _field(where, record, "answer", "GSM8K")
+        if "####" not in solution:
+            raise ValueError(f'{where}: malformed GSM8K record (answer has no "####")')
+        out.append(Example(prompt=question, answer=gsm8k_reference(solution)))
+    return out
+
+
+def read_gsm8k_jsonl(path: str | os.PathLike) -> list[Example]:
+    """`read_gsm8k` of a JSONL file (kept for existing callers)."""
+    return read_gsm8k(path)
+
+
+def read_math(path: str | os.PathLike, split: str | None = None) -> list[Example]:
+    """MATH examples: prompt = the problem, answer = the `answer` field if present, else
+    the last \\boxed{...} of the solution."""
+    out = []
+    for where, record in read_records(path, split):
+        problem = _field(where, record, "problem", "MATH")
+        answer = record.get("answer")
+        if not isinstance(answer, str) or not answer.strip():
+            answer = last_boxed(_field(where, record, "solution", "MATH"))
+            if not answer:
+                raise ValueError(
+                    f"{where}: malformed MATH record (no answer, no \\boxed in solution)"
+                )
+        out.append(Example(prompt=problem, answer=answer.strip()))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The task.
+
+
+def _in_test(text: str, fraction: float) -> bool:
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+class MathTask(Task):
+    """GSM8K or MATH problems from local data, with the field's answer checking.
+
+    name: "gsm8k" or "math" (what records look like and how answers are checked).
+    Data, per split ("train", "test"): `files[split]` if given; else `test_path` for test
+    and `data_path` for train; else `data_path` itself: a saved DatasetDict's split, a
+    directory's SPLIT.jsonl / SPLIT.parquet / SPLIT-*.parquet, or one file (or Dataset)
+    split by a hash of each problem (`test_fraction` of them in test).
+    prompt_format: "instruct" (chat template of `tokenizer`, see
+    `replax.tokenizer.format_prompt`), "base" (few-shot, `num_shots` exemplars) or "plain";
+    None picks "instruct" for a tokenizer with a chat template, "base" for one without,
+    "plain" without a tokenizer.
+    """
+
+    def __init__(
+        self,
+        name: str = "gsm8k",
+        *,
+        data_path: str | None = None,
+        test_path: str | None = None,
+        files: dict[str, str] | None = None,
+        prompt_format: str | None = None,
+        tokenizer=None,
+        system_prompt: str | None = None,
+        instruction: str | None = None,
+        num_shots: int = 4,
+        test_fraction: float = 0.1,
+    ):
+        if name not in ("gsm8k", "math"):
+            raise ValueError(f"task.name={name!r}: allowed are 'gsm8k', 'math'")
+        if prompt_format is None:
+            has_template = bool(getattr(tokenizer, "chat_template", None))
+            prompt_format = "plain" if tokenizer is None else "instruct" if has_template else "base"
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(
+                f"task.prompt_format={prompt_format!r}: allowed are {list(PROMPT_FORMATS)}"
+            )
+        shots = GSM8K_SHOTS if name == "gsm8k" else MATH_SHOTS
+        if not 0 <= num_shots <= len(shots):
+            raise ValueError(f"task.num_shots={num_shots}: allowed are 0 to {len(shots)}")
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"task.test_fraction={test_fraction}: allowed is 0 < f < 1")
+        if prompt_format == "instruct" and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "task.prompt_format='instruct' needs a tokenizer with a chat template "
+                f"(got {tokenizer!r}): use prompt_format 'base' or 'plain'"
+            )
         self.name = name
+        self.data_path, self.test_path = data_path, test_path
         self.files = dict(files or {})
+        self.prompt_format = prompt_format
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.instruction = instruction or (
+            GSM8K_INSTRUCTION if name == "gsm8k" else MATH_INSTRUCTION
+        )
+        self.shots = shots[:num_shots]
+        self.test_fraction = test_fraction
+        self._cache: dict[str, list[Example]] = {}
+
+    # Data.
+
+    def _source(self, split: str) -> tuple[str, str | None, bool]:
+        """(path, datasets split, hash-split?) for a split."""
+        if split not in ("train", "test"):
+            raise ValueError(f"{self.name}: split {split!r}: allowed are 'train', 'test'")
+        if split in self.files:
+            return self.files[split], split, False
+        if split == "test" and self.test_path:
+            return self.test_path, split, False
+        if self.data_path is None:
+            raise ValueError(
+                f"{self.name}: no data for split {split!r}: set task.data_path (or files)"
+            )
+        path = pathlib.Path(self.data_path)
+        if split == "train" and self.test_path:
+            return str(path), split, False
+        if _is_saved_dataset(path):
+            if (path / "dataset_dict.json").is_file():
+                return str(path), split, False
+            return str(path), None, True
+        if path.is_dir():
+            for pattern in (f"{split}.jsonl", f"{split}.parquet", f"{split}-*.parquet"):
+                found = sorted(path.glob(pattern))
+                if found:
+                    return str(found[0]), split, False
+            raise ValueError(
+                f"{path}: no {split}.jsonl, {split}.parquet or {split}-*.parquet in it"
+            )
+        return str(path), None, True
+
+    def raw_examples(self, split: str) -> list[Example]:
+        """The split's problems with unformatted prompts, in file order (cached)."""
+        if split not in self._cache:
+            path, data_split, hashed = self._source(split)
+            read = read_gsm8k if self.name == "gsm8k" else read_math
+            examples = read(path, data_split)
+            if hashed:
+                want = split == "test"
+                examples = [e for e in examples if _in_test(e.prompt, self.test_fraction) == want]
+            self._cache[split] = examples
+        return self._cache[split]
+
+    def format_prompt(self, question: str) -> str:
+        """The prompt the policy sees for a question, in this task's prompt format."""
+        from replax import tokenizer as tokenizer_lib
+
+        if self.prompt_format == "plain":
+            return question
+        if self.prompt_format == "instruct":
+            return tokenizer_lib.format_prompt(
+                self.tokenizer,
+                f"{question}\n{self.instruction}",
+                style="chat",
+                system=self.system_prompt,
+            )
+        gsm8k = self.name == "gsm8k"
+        return tokenizer_lib.format_prompt(
+            self.tokenizer,
+            question,
+            style="base",
+            system=self.system_prompt,
+            shots=self.shots,
+            question_prefix="Question: " if gsm8k else "Problem: ",
+            answer_prefix="Answer:" if gsm8k else "Solution:",
+        )
 
     def examples(self, split: str, num: int, seed: int = 0) -> list[Example]:
-        """The first `num` examples of the split's file, in file order (seed unused)."""
+        """The first `num` problems of the split (all of them for num <= 0), in file order
+        (seed unused), with formatted prompts."""
         del seed
-        if split not in self.files:
-            raise ValueError(
-                f"{self.name}: no file for split {split!r}; pass files={{'{split}': path}}"
-            )
-        examples = read_gsm8k_jsonl(self.files[split])
+        examples = self.raw_examples(split)
         if num > len(examples):
-            raise ValueError(f"{self.files[split]} has {len(examples)} examples, asked {num}")
-        return examples[:num]
+            raise ValueError(
+                f"{self.name} {split}: {len(examples)} examples in {self._source(split)[0]}, "
+                f"asked {num}: allowed is num <= {len(examples)} (or num <= 0 for all)"
+            )
+        chosen = examples if num <= 0 else examples[:num]
+        return [Example(self.format_prompt(e.prompt), e.answer) for e in chosen]
+
+    # Rewards.
 
     def reward(self, completion: str, answer: str) -> float:
+        try:
+            if self.prompt_format == "base":  # a base model goes on to invent the next one
+                completion = _NEXT_QUESTION.split(completion, maxsplit=1)[0]
+        except Exception:  # noqa: BLE001
+            return 0.0
+        if self.name == "gsm8k":
+            return gsm8k_reward(completion, answer)
         return math_reward(completion, answer)
 
     def demonstration(self, example: Example) -> str:
-        return f"{example.prompt}\n#### {example.answer}"
+        if self.name == "gsm8k":
+            return f"{example.prompt} #### {example.answer}"
+        return f"{example.prompt} The final answer is $\\boxed{{{example.answer}}}$."
+
+    def max_prompt_chars(self) -> int | None:
+        """The longest formatted prompt of the splits that have data (reading them: a bad
+        file raises its ValueError here, before any compute)."""
+        lengths = []
+        for split in ("train", "test"):
+            try:
+                self._source(split)
+            except ValueError:
+                continue
+            lengths += [len(e.prompt) for e in self.examples(split, 0)]
+        return max(lengths, default=None)
+
+    def data_key(self) -> str:
+        sources = []
+        for split in ("train", "test"):
+            try:
+                path = self._source(split)[0]
+                stat = os.stat(path)
+                sources.append([split, os.path.abspath(path), stat.st_size, stat.st_mtime_ns])
+            except (ValueError, OSError):
+                sources.append([split, None])
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        return json.dumps(
+            {
+                "name": self.name,
+                "sources": sources,
+                "format": self.prompt_format,
+                "system": self.system_prompt,
+                "instruction": self.instruction,
+                "shots": len(self.shots),
+                "test_fraction": self.test_fraction,
+                "tokenizer": repr(self.tokenizer),
+                "template": hashlib.sha256(template.encode()).hexdigest()[:16],
+            },
+            sort_keys=True,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"MathTask({self.name!r}, data_path={self.data_path!r}, test_path="
+            f"{self.test_path!r}, files={self.files!r}, prompt_format={self.prompt_format!r})"
+        )
