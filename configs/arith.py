@@ -59,12 +59,16 @@ def get_config(arg=None):
     c.model.qk_norm = False
     c.model.param_dtype = "float32"
     c.model.dtype = "float32"
-    # The starting policy: 'warmstart' (supervised, below) or 'random'.
+    # The starting policy: 'warmstart' (supervised, below), 'random', or 'checkpoint'
+    # (the weights of model.checkpoint, a local Hugging Face directory).
     c.model.init = "warmstart"
+    c.model.checkpoint = ""
 
-    # Text <-> token ids: 'byte' (one token per UTF-8 byte, plus BOS / EOS / pad).
+    # Text <-> token ids: 'byte' (one token per UTF-8 byte, plus BOS / EOS / pad) or 'hf'
+    # (tokenizer.json and chat template of tokenizer.path, default model.checkpoint).
     c.tokenizer = ml_collections.ConfigDict()
     c.tokenizer.name = "byte"
+    c.tokenizer.path = ""
 
     # Device mesh (data, fsdp, tensor); -1 takes the remaining devices.
     c.mesh = ml_collections.ConfigDict()

@@ -9,6 +9,7 @@ are the only readers of the ConfigDict besides the trainer and the scripts.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -22,16 +23,19 @@ from replax import replay as replay_lib
 from replax import train_step as train_step_lib
 from replax import warmstart as warmstart_lib
 from replax.config_utils import ConfigError, number, one_of, positive, require
-from replax.tasks import Task, make_task
+from replax.tasks import Task, make_task, resolve_factory
 from replax.tokenizer import ByteTokenizer
 
 # task.* keys that say where and how much data to build; every other task.* key is an
 # argument of the task's factory.
 TASK_DATA_KEYS = ("name", "data_dir", "num_train", "num_test", "data_seed")
 # model.* keys that are not the architecture.
-MODEL_RUN_KEYS = ("init",)
-INITS = ("random", "warmstart")
-TOKENIZERS = {"byte": ByteTokenizer}
+MODEL_RUN_KEYS = ("init", "checkpoint")
+# With model.checkpoint the architecture comes from its config.json; these model.* keys
+# still apply (the longest sequence, the numerics).
+CHECKPOINT_OVERRIDES = ("max_len", "dtype", "param_dtype")
+INITS = ("random", "warmstart", "checkpoint")
+TOKENIZERS = ("byte", "hf")
 REPLAY_MODES = ("fixed", "auto")
 
 
@@ -49,6 +53,13 @@ def auto_max_period(config: ml_collections.ConfigDict) -> int:
 
 
 def model_config(config) -> model_lib.ModelConfig:
+    """The policy's ModelConfig: model.* keys, or with model.checkpoint the checkpoint's
+    config.json with CHECKPOINT_OVERRIDES from model.*."""
+    if config.model.checkpoint:
+        from replax import hf
+
+        overrides = {k: config.model[k] for k in CHECKPOINT_OVERRIDES}
+        return hf.read_config(config.model.checkpoint, **overrides)
     fields = {k: v for k, v in config.model.to_dict().items() if k not in MODEL_RUN_KEYS}
     return model_lib.ModelConfig(**fields)
 
@@ -124,8 +135,17 @@ def sampler_kwargs(config) -> dict[str, Any]:
 
 
 def make_tokenizer(config):
-    """tokenizer.name -> the tokenizer ('byte': one token per UTF-8 byte)."""
-    return TOKENIZERS[config.tokenizer.name]()
+    """tokenizer.name -> the tokenizer: 'byte' (one token per UTF-8 byte) or 'hf' (the
+    tokenizer.json, chat template and stop ids of tokenizer.path, by default the
+    model.checkpoint directory)."""
+    if config.tokenizer.name == "byte":
+        return ByteTokenizer()
+    from replax.tokenizer import HFTokenizer
+
+    path = config.tokenizer.path or config.model.checkpoint
+    if not path:
+        raise ConfigError("tokenizer.name='hf' needs tokenizer.path or model.checkpoint")
+    return HFTokenizer(path)
 
 
 def make_schedule(config) -> schedules.Schedule:
@@ -147,8 +167,15 @@ def task_kwargs(config) -> dict[str, Any]:
     return {k: v for k, v in config.task.to_dict().items() if k not in TASK_DATA_KEYS}
 
 
-def make_task_from_config(config) -> Task:
-    return make_task(config.task.name, **task_kwargs(config))
+def make_task_from_config(config, tokenizer=None) -> Task:
+    """The task of task.name with its task.* keys; a factory that takes a `tokenizer`
+    argument (GSM8K and MATH: prompts through the chat template) gets the run's."""
+    kwargs = task_kwargs(config)
+    parameters = inspect.signature(resolve_factory(config.task.name)).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if "tokenizer" in parameters or takes_any:
+        kwargs["tokenizer"] = make_tokenizer(config) if tokenizer is None else tokenizer
+    return make_task(config.task.name, **kwargs)
 
 
 def data_shards(config, num_devices: int | None = None) -> int:
@@ -222,12 +249,31 @@ def validate(config: ml_collections.ConfigDict) -> None:
         ("warmstart.batch_size", dict(low=1, integer=True)),
         ("warmstart.max_steps", dict(low=1, integer=True)),
         ("warmstart.eval_every", dict(low=1, integer=True)),
-        ("task.num_train", dict(low=config.rollout.prompts_per_step, integer=True)),
-        ("task.num_test", dict(low=config.eval.num_prompts, integer=True)),
     ):
         number(config, key, **bounds)
-    one_of(config, "tokenizer.name", tuple(TOKENIZERS))
+    # Examples written of each split; 0 takes all that a file-backed task has.
+    for key, least in (
+        ("task.num_train", config.rollout.prompts_per_step),
+        ("task.num_test", config.eval.num_prompts),
+    ):
+        number(config, key, low=0, integer=True)
+        if config.task[key.split(".")[1]]:
+            number(config, key, low=least, integer=True)
+    one_of(config, "tokenizer.name", TOKENIZERS)
     one_of(config, "model.init", INITS)
+    checkpoint = config.model.checkpoint
+    require(
+        (config.model.init == "checkpoint") == bool(checkpoint),
+        f"model.init={config.model.init!r} with model.checkpoint={checkpoint!r}: "
+        "model.init='checkpoint' goes with a model.checkpoint directory, and only with one",
+    )
+    if checkpoint:
+        require(os.path.isdir(checkpoint), f"model.checkpoint={checkpoint!r}: no such directory")
+    if config.tokenizer.path:
+        require(
+            os.path.exists(config.tokenizer.path),
+            f"tokenizer.path={config.tokenizer.path!r}: no such file or directory",
+        )
 
     # Choices.
     one_of(config, "replay.strategy", replay_lib.STRATEGIES)
@@ -264,8 +310,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
     # Library-level validation, re-raised as one-line config errors.
     try:
-        task = make_task_from_config(config)
-        model_config(config)
+        tokenizer = make_tokenizer(config)
+        task = make_task_from_config(config, tokenizer)
+        mcfg = model_config(config)
         loss_config(config)
         optimizer_config(config)
         warmstart_config(config)
@@ -274,13 +321,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
         shards = data_shards(config)
     except TypeError as e:  # a task factory given keys it does not take
         raise ConfigError(f"task.name={config.task.name!r}: {e}") from None
-    except ValueError as e:
+    except (ValueError, OSError, ImportError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
 
-    tokenizer = make_tokenizer(config)
     require(
-        config.model.vocab_size >= tokenizer.vocab_size,
-        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+        mcfg.vocab_size >= tokenizer.vocab_size,
+        f"model.vocab_size={mcfg.vocab_size} is smaller than the tokenizer's "
         f"vocabulary ({tokenizer.vocab_size} ids): it must be >= {tokenizer.vocab_size}",
     )
 

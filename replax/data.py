@@ -41,9 +41,10 @@ class TaskDataConfig(tfds.core.BuilderConfig):
 
 
 def task_data_config(task: Task, *, num_train: int, num_test: int, seed: int) -> TaskDataConfig:
-    """A config whose name encodes everything the examples depend on."""
-    if num_train < 1 or num_test < 1:
-        raise ValueError(f"num_train and num_test must be >= 1, got {num_train}, {num_test}")
+    """A config whose name encodes everything the examples depend on. A size of 0 takes
+    every example a file-backed task has."""
+    if num_train < 0 or num_test < 0:
+        raise ValueError(f"num_train and num_test must be >= 0, got {num_train}, {num_test}")
     digest = hashlib.sha256(json.dumps([task.name, task.data_key()]).encode()).hexdigest()[:8]
     return TaskDataConfig(
         name=f"{task.name}_{digest}_train{num_train}_test{num_test}_seed{seed}",

@@ -35,6 +35,7 @@ from replax import replay as replay_lib
 from replax import sampler as sampler_lib
 from replax import train_step as train_step_lib
 from replax import warmstart as warmstart_lib
+from replax.config_utils import ConfigError
 from replax.tasks import Example
 
 
@@ -141,7 +142,7 @@ def build(config, workdir: str) -> Run:
         model_config=mcfg,
         model=model,
         tokenizer=tokenizer,
-        task=cfg.make_task_from_config(config),
+        task=cfg.make_task_from_config(config, tokenizer),
         sampler=sampler,
         buffer=buffer,
         optimizer=optimizer,
@@ -164,14 +165,22 @@ def prepare_data(run: Run) -> Data:
         num_test=c.task.num_test,
         seed=c.task.data_seed,
     )
+    train, test = builder.as_data_source("train"), builder.as_data_source("test")
+    # Sizes a file-backed task (task.num_* = 0: all of it) knows only once it is read.
+    if len(train) < c.rollout.prompts_per_step or len(test) < c.eval.num_prompts:
+        raise ConfigError(
+            f"task {run.task.name}: {len(train)} train and {len(test)} test examples; "
+            f"rollout.prompts_per_step={c.rollout.prompts_per_step} and eval.num_prompts="
+            f"{c.eval.num_prompts} need at least as many"
+        )
     prompts = data_lib.prompt_dataset(
-        builder.as_data_source("train"),
+        train,
         run.tokenizer,
         max_prompt_len=c.rollout.max_prompt_len,
         batch_size=c.rollout.prompts_per_step,
         seed=c.seed,
     )
-    pairs = data_lib.eval_examples(builder.as_data_source("test"), c.eval.num_prompts)
+    pairs = data_lib.eval_examples(test, c.eval.num_prompts)
     evaluator = evaluation.Evaluator(
         run.model_config,
         run.tokenizer,
@@ -218,8 +227,24 @@ def _warm_start(run: Run, data: Data, log):
     return params
 
 
+def _from_checkpoint(run: Run, data: Data, log):
+    """The Hugging Face checkpoint's weights, each read straight into its sharding."""
+    from replax import hf
+
+    del data
+    c = run.config
+    overrides = {k: c.model[k] for k in cfg.CHECKPOINT_OVERRIDES}
+    _, params = hf.load_pretrained_sharded(c.model.checkpoint, run.mesh, run.rules, **overrides)
+    log(f"loaded {c.model.checkpoint}")
+    return params
+
+
 # model.init -> the starting parameters (None: a random init from the run's seed).
-INITIAL_PARAMS = {"random": lambda run, data, log: None, "warmstart": _warm_start}
+INITIAL_PARAMS = {
+    "random": lambda run, data, log: None,
+    "warmstart": _warm_start,
+    "checkpoint": _from_checkpoint,
+}
 assert set(INITIAL_PARAMS) == set(cfg.INITS)
 
 

@@ -64,7 +64,7 @@ def test_builder_reuses_prepared_data_and_names_configs_by_what_the_examples_dep
     }
     assert len(names) == 7
     with pytest.raises(ValueError, match="num_train"):
-        data.task_data_config(easy, num_train=0, num_test=5, seed=0)
+        data.task_data_config(easy, num_train=-1, num_test=5, seed=0)
 
 
 def test_builder_writes_a_user_task(tmp_path):
