@@ -22,15 +22,17 @@ further. If nothing in a pool is eligible the pool falls back to all its valid i
 (keeping the strategy's weights); a pool with no valid item at all draws uniformly over
 its zero-filled slots, so add before sampling.
 
-Cost. `add` writes its rows in place (donate the state). A pool's written slots are always
-its first `count` (slots fill in order from 0 and are never emptied), so `uniform` draws
-with no age or reuse limit take O(B) work whatever the capacity; the other strategies
-make one pass over the pool and invert its CDF in two levels (O(N + B sqrt(N))).
+Cost. `add` writes its R rows in place (donate the state) and `sample` gathers its B rows
+and updates their bookkeeping in place: O(R) and O(B) rows moved. Choosing the B slots
+takes O(B) work whatever the capacity for `uniform` with no age or reuse limit, since a
+pool's written slots are always its first `count` (slots fill in order from 0 and are
+never emptied). The other strategies make a pass over the pool's N slots
+(`positive_bias` sorts them by freshness) and draw by inverting the pool's CDF in two
+levels (`categorical.inverse_cdf`, O(N + B sqrt(N))).
 """
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from replax import categorical
 
 STRATEGIES = ("uniform", "uniform_no_replacement", "recency", "positive_bias", "priority")
 SAMPLE_MODES = ("local", "global")
@@ -53,9 +57,7 @@ INSERT_STEP, TIMES_SAMPLED, VALID, SERIAL = range(4)
 class ReplayState:
     """The buffer's arrays. Bookkeeping is packed, one int32 row of `meta` per slot and one
     row of `cursor` per shard, so that `add` writes it with one scatter and `sample` reads
-    it with one gather: on XLA:CPU every extra array costs a kernel and a buffer per call,
-    which for 64-row updates cost more than the data they move. The properties below read
-    the columns by name."""
+    it with one gather. The properties below read the columns by name."""
 
     items: Any  # pytree, each leaf [N, ...]
     # int32[N, 4], columns INSERT_STEP (train step of the add), TIMES_SAMPLED (draws so
@@ -116,52 +118,21 @@ def _merge(tree):
     return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
 
 
-def _per_pool(fn, num_pools: int):
-    """fn over the leading pool axis of its arguments: vmapped, or with one pool called on
-    it directly (plain gathers and scatters; vmap adds a batch dimension to their indices
-    and a relayout copy of their operands, which costs more than the write itself)."""
-    if num_pools > 1:
-        return jax.vmap(fn)
-
-    def single(*args):
-        out = fn(*jax.tree.map(lambda x: x[0], args))
-        return jax.tree.map(lambda x: jnp.expand_dims(x, 0), out)
-
-    return single
-
-
 def _write_shard(slots, head, rows, keep):
     """Writes the kept rows of one shard's chunk at its head, oldest slot first.
 
-    slots: pytree of [n, ...]; head: int32[]; rows: pytree of [r, ...]; keep: bool[r], or
-    None when every row is kept (static: no rank computation, a plain ring write).
+    slots: pytree of [n, ...]; head: int32[]; rows: pytree of [r, ...]; keep: bool[r].
+    Returns the slots, the new head and the number of rows kept.
     """
     n = jax.tree.leaves(slots)[0].shape[0]
-    r = jax.tree.leaves(rows)[0].shape[0]
-    if keep is None:
-        position, num_kept = jnp.arange(r, dtype=jnp.int32), r
-        # Every row lands in a distinct slot unless the chunk is longer than the shard,
-        # where only the last n survive.
-        write = None if r <= n else position >= r - n
-    else:
-        position = jnp.cumsum(keep, dtype=jnp.int32) - 1  # int32[r] rank among the kept rows
-        num_kept = position[-1] + 1
-        # With more kept rows than slots only the last n would survive; dropping the others
-        # keeps the scatter's destinations distinct (duplicate destinations have no order).
-        write = keep & (position >= num_kept - n)
-    # lax.rem: wherever a row is written head + position >= 0, so C's remainder is Python's,
-    # without the sign fix-up that `%` adds (a dozen operations per row). With every row
-    # written there is no mask either, which keeps a whole 64-row `add` under the ~1000
-    # estimated flops below which XLA:CPU runs a program on the calling thread instead of
-    # handing it to a worker thread (little on an idle machine, tens of microseconds per
-    # call when the other core is busy).
-    destination = jax.lax.rem(head + position, n)
-    if write is None:
-        mode = "promise_in_bounds"
-    else:  # n is out of range: dropped
-        destination, mode = jnp.where(write, destination, n), "drop"
-    slots = jax.tree.map(lambda s, x: s.at[destination].set(x, mode=mode), slots, rows)
-    return slots, jax.lax.rem(head + num_kept, n), jnp.asarray(num_kept, jnp.int32)
+    position = jnp.cumsum(keep, dtype=jnp.int32) - 1  # int32[r] rank among the kept rows
+    num_kept = position[-1] + 1
+    # With more kept rows than slots only the last n would survive; dropping the others
+    # keeps the scatter's destinations distinct (duplicate destinations have no order).
+    write = keep & (position >= num_kept - n)
+    destination = jnp.where(write, (head + position) % n, n)  # n is out of range: dropped
+    slots = jax.tree.map(lambda s, x: s.at[destination].set(x, mode="drop"), slots, rows)
+    return slots, (head + num_kept) % n, num_kept
 
 
 def _positive_bias_eligible(keep_size: int, delta: float, valid, serial, correct):
@@ -176,78 +147,6 @@ def _positive_bias_eligible(keep_size: int, delta: float, valid, serial, correct
     return jnp.zeros_like(valid).at[order].set(fresh | kept_correct)
 
 
-_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
-def _random_bits(key, shape):
-    """uint32 random bits from a PRNG key: Threefry-2x32 (20 rounds, as jax.random's
-    default generator) of the counters 0, 1, ... under the key's first two words, written
-    out as plain uint32 arithmetic so that XLA fuses it into one kernel. jax.random.bits
-    runs the rounds as a rolled loop, whose dispatch dominates a draw of a few dozen
-    numbers on CPU."""
-    words = jax.random.key_data(key).reshape(-1).astype(jnp.uint32)
-    k0, k1 = words[0], words[1]
-    keys = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
-    count = math.prod(shape)
-    x0 = jax.lax.iota(jnp.uint32, count) + keys[0]
-    x1 = jnp.zeros(count, jnp.uint32) + keys[1]
-    for block in range(5):
-        for rotation in _THREEFRY_ROTATIONS[block % 2]:
-            x0 = x0 + x1
-            x1 = ((x1 << rotation) | (x1 >> (32 - rotation))) ^ x0
-        x0 = x0 + keys[(block + 1) % 3]
-        x1 = x1 + keys[(block + 2) % 3] + jnp.uint32(block + 1)
-    return x0.reshape(shape)
-
-
-def _below(bits, bound):
-    """Integers in [0, bound) from uint32 random bits: floor(bits * bound / 2^32), the high
-    word of the 64-bit product assembled from 16-bit halves (no 64-bit integers without
-    x64). Each value has probability within bound / 2^32 (relative) of 1 / bound.
-
-    bits: uint32[...]; bound: int32 >= 1, broadcastable to bits.
-    """
-    bound = jnp.asarray(bound).astype(jnp.uint32)
-    low = jnp.uint32(0xFFFF)
-    bits_hi, bits_lo = bits >> 16, bits & low
-    bound_hi, bound_lo = bound >> 16, bound & low
-    middle = bits_hi * bound_lo + ((bits_lo * bound_lo) >> 16)  # < 2^32
-    middle2 = bits_lo * bound_hi + (middle & low)  # < 2^32
-    high = bits_hi * bound_hi + (middle >> 16) + (middle2 >> 16)
-    return high.astype(jnp.int32)
-
-
-def _pick(uniform, weights):
-    """Per row, the first index whose cumulative weight exceeds uniform x the row's total,
-    never an index of zero weight. uniform: float32[...]; weights: float32[..., k] >= 0
-    with a positive total. Returns int32[...]."""
-    k = weights.shape[-1]
-    cdf = jnp.cumsum(weights, axis=-1)
-    target = uniform * cdf[..., -1]
-    index = jnp.sum(cdf <= target[..., None], axis=-1, dtype=jnp.int32)
-    # u x total can round up to the total; the last positive weight is then the answer.
-    last_positive = jnp.max(jnp.where(weights > 0, jnp.arange(k, dtype=jnp.int32), 0), axis=-1)
-    return jnp.minimum(index, last_positive)
-
-
-def _inverse_cdf(uniform, probs):
-    """Draws with replacement from unnormalised probabilities by inverting their CDF in two
-    levels: a block of about sqrt(n) slots by the blocks' totals, then a slot of the block.
-
-    uniform: float32[2, b] in [0, 1); probs: float32[n] >= 0 (zero: never drawn). O(n + b
-    sqrt(n)) work, where a Gumbel-max draw (jax.random.categorical) costs b x n random
-    numbers; each level sums only ~sqrt(n) terms, so float32 rounding moves a slot's
-    probability by ~sqrt(n) 2^-24 at most, relative. Returns int32[b].
-    """
-    n = probs.shape[0]
-    width = math.isqrt(n - 1) + 1
-    num_blocks = -(-n // width)
-    blocks = jnp.pad(probs, (0, num_blocks * width - n)).reshape(num_blocks, width)
-    block = _pick(uniform[0], jnp.sum(blocks, axis=1))  # [b]
-    within = _pick(uniform[1], blocks[block])  # [b]
-    return block * width + within
-
-
 def _draw_from_pool(key, log_weight, eligible, valid, *, batch_size: int, replace: bool):
     """Draws batch_size slots of one pool.
 
@@ -260,7 +159,8 @@ def _draw_from_pool(key, log_weight, eligible, valid, *, batch_size: int, replac
     log_probs = jax.nn.log_softmax(logits)  # [n], -inf off the drawable set
     num_drawable = drawable.sum()
     key_draw, key_order = jax.random.split(key)
-    indices = _inverse_cdf(jax.random.uniform(key_draw, (2, batch_size)), jnp.exp(log_probs))
+    uniform = jax.random.uniform(key_draw, (2, batch_size))
+    indices = categorical.inverse_cdf(jnp.exp(log_probs), uniform[0], inner_uniform=uniform[1])
     if not replace:
         # Gumbel-top-k samples without replacement. With fewer drawable slots than the
         # batch, every drawable slot is taken once (in random order) and the remaining rows
@@ -282,16 +182,17 @@ def _count_draws(meta, indices, drawn_times):
     return meta.at[indices, TIMES_SAMPLED].set(drawn_times + occurrences)
 
 
-def _draw_written(bits, count, *, pool_size: int):
+def _draw_written(key, count, *, batch_size: int, pool_size: int):
     """Uniform draws over one pool's written slots, which are always its first `count`: add
     fills a pool's slots in order from slot 0 and never empties one. O(b), independent of
     the pool size. An empty pool draws over all its slots, as `_draw_from_pool` does.
 
-    bits: uint32[b]; count: int32[]. Returns local indices int32[b] and their probability
-    float32[] of one draw.
+    count: int32[]. Returns local indices int32[b] and their probability float32[] of one
+    draw.
     """
     size = jnp.where(count > 0, count, pool_size)
-    return _below(bits, size), 1.0 / size.astype(jnp.float32)
+    indices = jax.random.randint(key, (batch_size,), 0, size, dtype=jnp.int32)
+    return indices, 1.0 / size.astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,10 +260,12 @@ class ReplayBuffer:
             SERIAL: state.num_offered + jnp.arange(num_rows, dtype=jnp.int32),
         }
         meta = jnp.stack([columns[c] for c in range(4)], axis=1)  # [R, 4]
-        if keep is not None:
-            keep = keep.astype(bool).reshape(S, -1)
-        slots, head, num_kept = _per_pool(_write_shard, S)(
-            _split((state.items, state.meta), S), state.head, _split((items, meta), S), keep
+        keep = jnp.ones(num_rows, bool) if keep is None else jnp.asarray(keep, bool)
+        slots, head, num_kept = jax.vmap(_write_shard)(
+            _split((state.items, state.meta), S),
+            state.head,
+            _split((items, meta), S),
+            keep.reshape(S, -1),
         )
         items, meta = _merge(slots)
         count = jnp.minimum(state.count + num_kept, self.shard_capacity)
@@ -415,17 +318,12 @@ class ReplayBuffer:
             log_weight = jnp.log(advantage**self.priority_alpha + self.priority_eps)
 
         # Draw B / P per pool, gather and count the draws within each pool.
+        keys = jax.random.split(rng, num_pools)
         every_written_slot = self.strategy == "uniform" and max_age is None
         if every_written_slot and self.max_reuse is None and num_pools == self.num_shards:
             # Each pool is a shard whose written slots all are drawable: no [N]-sized work.
-            bits = _random_bits(rng, (2, num_pools, per_pool))
-            written = functools.partial(_draw_written, pool_size=pool_size)
-            local_index, prob = _per_pool(written, num_pools)(bits[0], state.count)
-            # The draws, shuffled by independent bits (still independent uniform draws).
-            # The sort is there to make XLA compute them once: elementwise, the 20
-            # Threefry rounds would be fused into, and recomputed by, every gather and
-            # scatter that reads the indices (ten kernels here).
-            _, local_index = jax.lax.sort_key_val(bits[1], local_index, dimension=1)
+            written = functools.partial(_draw_written, batch_size=per_pool, pool_size=pool_size)
+            local_index, prob = jax.vmap(written)(keys, state.count)
             probs = jnp.broadcast_to(prob[:, None], local_index.shape)
         else:
             draw = functools.partial(
@@ -433,17 +331,14 @@ class ReplayBuffer:
                 batch_size=per_pool,
                 replace=self.strategy != "uniform_no_replacement",
             )
-            keys = jax.random.split(rng, num_pools)
             pooled = _split((log_weight, eligible, state.valid), num_pools)
-            local_index, log_prob, num_drawable, min_log_prob = _per_pool(draw, num_pools)(
-                keys, *pooled
-            )
+            local_index, log_prob, num_drawable, min_log_prob = jax.vmap(draw)(keys, *pooled)
             probs = jnp.exp(log_prob)
         gather = lambda tree, index: jax.tree.map(lambda x: x[index], tree)
-        batch, drawn_meta = _per_pool(gather, num_pools)(
+        batch, drawn_meta = jax.vmap(gather)(
             _split((state.items, state.meta), num_pools), local_index
         )
-        meta = _per_pool(_count_draws, num_pools)(
+        meta = jax.vmap(_count_draws)(
             _split(state.meta, num_pools), local_index, drawn_meta[..., TIMES_SAMPLED]
         )
         batch, drawn_meta = _merge((batch, drawn_meta))

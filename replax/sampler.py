@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import flax
@@ -32,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from replax import categorical, sharding
 from replax import model as model_lib
-from replax import sharding
 
 
 @flax.struct.dataclass
@@ -98,35 +97,6 @@ def _argmax(x):
     return jnp.min(jnp.where(is_max, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1)
 
 
-def _inverse_cdf(probs, uniform):
-    """Per row, the first index whose cumulative probability exceeds uniform x total.
-
-    Two levels, blocks of about sqrt(V) tokens and then the tokens of the chosen block,
-    with prefix sums as small triangular matmuls: a handful of ops over [B, V], where a
-    cumulative sum over the vocabulary is a log-depth scan on CPU and GPU.
-    probs: float32[B, V] (unnormalised is fine); uniform: float32[B] in [0, 1).
-    """
-    b, v = probs.shape
-    width = math.isqrt(v - 1) + 1  # block length, ceil(sqrt(V))
-    num_blocks = -(-v // width)
-    blocks = jnp.pad(probs, ((0, 0), (0, num_blocks * width - v)))
-    blocks = blocks.reshape(b, num_blocks, width)
-
-    def prefix_sums(x):  # inclusive, along the last axis
-        upper = jnp.arange(x.shape[-1])[:, None] <= jnp.arange(x.shape[-1])[None, :]
-        return jnp.matmul(x, upper.astype(x.dtype), precision=jax.lax.Precision.HIGHEST)
-
-    block_cdf = prefix_sums(jnp.sum(blocks, axis=-1))  # [B, num_blocks]
-    target = (uniform * block_cdf[:, -1])[:, None]  # [B, 1]
-    block = jnp.minimum(jnp.sum(block_cdf <= target, axis=-1), num_blocks - 1)  # [B]
-    before = jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], axis=-1)
-    before = jnp.where(block[:, None] > 0, before, 0.0)  # [B, 1] mass of earlier blocks
-    inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, width]
-    inner_cdf = before + prefix_sums(inner)
-    within = jnp.minimum(jnp.sum(inner_cdf <= target, axis=-1), width - 1)
-    return jnp.minimum(block * width + within, v - 1)
-
-
 def sample_tokens(uniform, logits, config: SamplingConfig):
     """Draws one token per row by inverting the CDF of the sampling distribution.
 
@@ -138,7 +108,7 @@ def sample_tokens(uniform, logits, config: SamplingConfig):
         tokens = _argmax(logits)
     else:
         probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, V]
-        tokens = _inverse_cdf(probs, uniform)
+        tokens = categorical.inverse_cdf(probs, uniform[:, None])[:, 0]
         # Rounding can land on a zero-probability (filtered) token: take the mode instead.
         picked = jnp.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0]
         tokens = jnp.where(picked > 0, tokens, _argmax(logits))
@@ -178,9 +148,8 @@ class _LoopState:
     logprobs: jax.Array  # float32[B, N]
     done: jax.Array  # bool[B] EOS already sampled
     # KV cache, one {'k', 'v': [B, KV, S, D]} per layer (S grows per segment up to
-    # P + N - 1); without a cache, the token buffer int32[B, P + N - 1] that the full
-    # forward re-reads each step.
-    context: Any
+    # P + N - 1).
+    cache: Any
 
 
 def _decode(
@@ -195,12 +164,10 @@ def _decode(
     eos_id: int,
     pad_id: int,
     cache_dtype,
-    kv_cache: bool,
 ) -> SampleOutput:
     """The traced sampler. prompt_ids int32[B, P], prompt_mask bool[B, P] (left-padded)."""
     b, p = prompt_ids.shape
     n = max_new_tokens
-    s = p + n - 1  # slots: the prompt and every new token but the last
     variables = {"params": params}
     prompt_positions = model_lib.positions_from_mask(prompt_mask)  # [B, P]
     # Completion slots are always valid keys: the causal mask hides those not yet written.
@@ -208,47 +175,36 @@ def _decode(
 
     # Prefill: slots [0, P - 1) of the cache. The last prompt token is fed by the first
     # loop iteration, so the prefill's logits are unused and compiled away.
-    if kv_cache:
-        first_length = p - 1 + _segment_ends(n)[0]  # cache slots of the first segment
-        context = _grow_cache(model_lib.init_cache(model.config, b, first_length, cache_dtype))
-        if p > 1:
-            _, context = model.apply(
-                variables,
-                prompt_ids[:, :-1],
-                prompt_positions[:, :-1],
-                cache=context,
-                cache_index=0,
-                kv_mask=kv_mask[:, :first_length],
-            )
-    else:
-        context = jnp.concatenate([prompt_ids, jnp.full((b, n - 1), pad_id, jnp.int32)], axis=1)
-        positions = prompt_positions[:, -1:] + jnp.arange(s - p + 1, dtype=jnp.int32)
-        full_positions = jnp.concatenate([prompt_positions[:, :-1], positions], axis=1)
+    first_length = p - 1 + _segment_ends(n)[0]  # cache slots of the first segment
+    cache = _grow_cache(model_lib.init_cache(model.config, b, first_length, cache_dtype))
+    if p > 1:
+        _, cache = model.apply(
+            variables,
+            prompt_ids[:, :-1],
+            prompt_positions[:, :-1],
+            cache=cache,
+            cache_index=0,
+            kv_mask=kv_mask[:, :first_length],
+        )
 
-    def next_logits(context, last_tokens, step, kv_mask):
+    def next_logits(cache, last_tokens, step, kv_mask):
         """Logits for the token at `step`, fed the token before it at slot P - 1 + step."""
-        slot = p - 1 + step
-        if kv_cache:
-            positions = (prompt_positions[:, -1] + step)[:, None]  # [B, 1]
-            logits, context = model.apply(
-                variables,
-                last_tokens[:, None],
-                positions,
-                cache=context,
-                cache_index=slot,
-                kv_mask=kv_mask,
-            )
-            return logits[:, 0], context
-        # Without a cache: the full forward over the whole (fixed-size) buffer.
-        context = jax.lax.dynamic_update_slice(context, last_tokens[:, None], (0, slot))
-        logits = model.apply(variables, context, full_positions, kv_mask)  # [B, S, V]
-        return jax.lax.dynamic_index_in_dim(logits, slot, axis=1, keepdims=False), context
+        positions = (prompt_positions[:, -1] + step)[:, None]  # [B, 1]
+        logits, cache = model.apply(
+            variables,
+            last_tokens[:, None],
+            positions,
+            cache=cache,
+            cache_index=p - 1 + step,
+            kv_mask=kv_mask,
+        )
+        return logits[:, 0], cache
 
     def cond(state: _LoopState, end: int):
         return (state.step < end) & ~jnp.all(state.done)
 
     def body(state: _LoopState, kv_mask):
-        logits, context = next_logits(state.context, state.last_tokens, state.step, kv_mask)
+        logits, cache = next_logits(state.cache, state.last_tokens, state.step, kv_mask)
         tokens, logprobs = sample_tokens(uniforms[state.step], logits, sampling)
         tokens = jnp.where(state.done, pad_id, tokens)
         logprobs = jnp.where(state.done, 0.0, logprobs)
@@ -260,7 +216,7 @@ def _decode(
                 state.logprobs, logprobs[:, None], (0, state.step)
             ),
             done=state.done | (tokens == eos_id),
-            context=context,
+            cache=cache,
         )
 
     # Decode. The random numbers of every step are drawn at once, outside the loop (on
@@ -272,17 +228,14 @@ def _decode(
         tokens=jnp.full((b, n), pad_id, jnp.int32),
         logprobs=jnp.zeros((b, n), jnp.float32),
         done=jnp.zeros((b,), bool),
-        context=context,
+        cache=cache,
     )
     # The loop runs in a few segments, each over a cache just long enough for its last
     # step, so that early steps do not attend over (read) slots not yet written. Between
     # segments the cache grows by zero padding: one copy per segment, not per step.
-    for end in _segment_ends(n) if kv_cache else (n,):
-        if kv_cache:
-            length = p - 1 + end
-            state = state.replace(context=_grow_cache(state.context, length))
-        else:
-            length = s
+    for end in _segment_ends(n):
+        length = p - 1 + end
+        state = state.replace(cache=_grow_cache(state.cache, length))
         state = jax.lax.while_loop(
             functools.partial(cond, end=end),
             functools.partial(body, kv_mask=kv_mask[:, :length]),
@@ -320,7 +273,6 @@ class Sampler:
         mesh: jax.sharding.Mesh | None,
         rules,
         cache_dtype: str | None,
-        kv_cache: bool,
     ):
         cfg = model_config
         for name, value in (("max_prompt_len", max_prompt_len), ("max_new_tokens", max_new_tokens)):
@@ -349,7 +301,6 @@ class Sampler:
         self.eos_id, self.pad_id = int(eos_id), int(pad_id)
         self.sampling = sampling
         self.mesh, self.rules = mesh, rules
-        self.kv_cache = kv_cache
 
         decode = functools.partial(
             _decode,
@@ -358,7 +309,6 @@ class Sampler:
             eos_id=self.eos_id,
             pad_id=self.pad_id,
             cache_dtype=model_lib.DTYPES[cache_dtype] if cache_dtype else None,
-            kv_cache=kv_cache,
         )
         if mesh is None:
             self._params_shardings = self._batch_sharding = None
@@ -489,13 +439,10 @@ def make_sampler(
     mesh: jax.sharding.Mesh | None = None,
     rules=None,
     cache_dtype: str | None = None,
-    kv_cache: bool = True,
 ) -> Sampler:
     """Validates the settings and returns a `Sampler` bound to them.
 
     cache_dtype: dtype name of the KV cache (default: the model's activation dtype).
-    kv_cache=False recomputes the full forward over the whole buffer for every new token
-    (the reference the benchmark compares against); the results are the same.
     With a mesh, params are sharded by their logical axes and the batch over `batch`
     (rules default to `sharding.DEFAULT_RULES`).
     """
@@ -509,5 +456,4 @@ def make_sampler(
         mesh=mesh,
         rules=rules,
         cache_dtype=cache_dtype,
-        kv_cache=kv_cache,
     )

@@ -13,10 +13,11 @@ Groups:
            CPU-second of this process): medians over this group's runs and those the
            sampler and train groups interleave with their own (each sees the same load).
   sampler  sampler_tokens_per_s_b{8,64} (KV cache) and sampler_nocache_tokens_per_s_b{8,64}
-           (full forward over the whole buffer for every new token, also one jitted loop),
-           timed back to back; sampler_roofline_fraction_b{8,64} = achieved tokens/s over
-           the roofline tokens/s, where each forward call (the prefill and every decode
-           step) takes max(flops / machine matmul flops, bytes / machine read bandwidth),
+           (scripts/baselines/nocache_sampler.py: the full forward over the whole token
+           buffer for every new token, also one jitted loop), timed back to back;
+           sampler_roofline_fraction_b{8,64} = achieved tokens/s over the roofline
+           tokens/s, where each forward call (the prefill and every decode step) takes
+           max(flops / machine matmul flops, bytes / machine read bandwidth),
            flops = matmul FLOPs over the valid context and bytes = parameters + the KV
            cache of the valid context. Each cached run sits between two machine probes and
            the fraction is the median over runs of (roofline time at the probes' mean /
@@ -39,7 +40,7 @@ Groups:
   train    train_step_s, train_tokens_per_s, train_mfu: the replax train step (PPO loss,
            AdamW, global-norm clipping, state donated) on one device, batch 64 x 160 tokens
            (16 prompt, left-padded, + 144 completion, padded after EOS), the reference model
-           with max_len 160. MFU = model.train_flops(config, 64, 160) / step time / machine
+           with max_len 160. MFU = flops.train_flops(config, 64, 160) / step time / machine
            matmul FLOP/s, each step paired with the machine probes around it (as the
            sampler's roofline); train_cpu_s is the median process CPU seconds per step and
            train_mfu_cpu the same ratio per CPU-second of this process (step FLOPs / its CPU
@@ -144,17 +145,17 @@ def bench_machine(repeats: int) -> dict:
 
 def roofline_seconds(config, batch, prompt_len, new_tokens, flops_per_s, bytes_per_s):
     """Ideal time of prefill + (new_tokens - 1) decode steps for a batch."""
-    from replax import model as model_lib
+    from replax import flops as flops_lib
 
-    param_bytes = model_lib.param_count(config) * 4
+    param_bytes = flops_lib.param_count(config) * 4
     kv_bytes_per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
     total = max(
-        batch * prompt_len * model_lib.forward_flops_per_token(config, prompt_len) / flops_per_s,
+        batch * prompt_len * flops_lib.forward_flops_per_token(config, prompt_len) / flops_per_s,
         param_bytes / bytes_per_s,
     )
     for step in range(1, new_tokens):
         context = prompt_len + step
-        flops = batch * model_lib.forward_flops_per_token(config, context)
+        flops = batch * flops_lib.forward_flops_per_token(config, context)
         read = param_bytes + batch * context * kv_bytes_per_slot
         total += max(flops / flops_per_s, read / bytes_per_s)
     return total
@@ -204,7 +205,9 @@ def bench_sampler(repeats: int) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from baselines import nocache_sampler
 
+    from replax import flops as flops_lib
     from replax import model as model_lib
     from replax import sampler as sampler_lib
 
@@ -216,61 +219,60 @@ def bench_sampler(repeats: int) -> dict:
     out = {}
     for batch in BATCH_SIZES:
         samplers = {
-            kv_cache: sampler_lib.make_sampler(
+            "cached": sampler_lib.make_sampler(
                 config,
                 max_prompt_len=PROMPT_LEN,
                 max_new_tokens=NEW_TOKENS,
                 eos_id=1,
                 pad_id=0,
                 temperature=1.0,
-                kv_cache=kv_cache,
-            )
-            for kv_cache in (True, False)
+            ).generate,
+            "nocache": nocache_sampler.make_generate(
+                config, max_new_tokens=NEW_TOKENS, eos_id=1, pad_id=0, temperature=1.0
+            ),
         }
         prompts = np.random.default_rng(batch).integers(2, config.vocab_size, (batch, PROMPT_LEN))
         prompt_ids = jnp.asarray(prompts, jnp.int32)
         prompt_mask = jnp.ones((batch, PROMPT_LEN), bool)
         args = (params, prompt_ids, prompt_mask, jax.random.key(1))
         steps = {}
-        for kv_cache, sampler in samplers.items():  # warm-up: compile, and count the steps
-            result = sampler.generate(*args)
-            steps[kv_cache] = int(jnp.max(result.lengths))  # the loop stops when all rows end
-        times = {True: [], False: []}
+        for name, generate in samplers.items():  # warm-up: compile, and count the steps
+            result = generate(*args)
+            steps[name] = int(jnp.max(result.lengths))  # the loop stops when all rows end
+        times = {"cached": [], "nocache": []}
         fractions = []
         for _ in range(repeats):
             # The cached run between two machine probes (its roofline at the same load),
             # then the uncached run back to back.
             before = probe()
-            times[True].append(timed(samplers[True].generate, *args))
+            times["cached"].append(timed(samplers["cached"], *args))
             after = probe()
-            times[False].append(timed(samplers[False].generate, *args))
+            times["nocache"].append(timed(samplers["nocache"], *args))
             roofline_s = roofline_seconds(
                 config,
                 batch,
                 PROMPT_LEN,
-                steps[True],
+                steps["cached"],
                 (before[0] + after[0]) / 2 * 1e9,
                 (before[1] + after[1]) / 2 * 1e9,
             )
-            fractions.append(roofline_s / times[True][-1])
+            fractions.append(roofline_s / times["cached"][-1])
         machine = machine_numbers()
         roofline_s = roofline_seconds(
             config,
             batch,
             PROMPT_LEN,
-            steps[True],
+            steps["cached"],
             machine["machine_matmul_gflops"] * 1e9,
             machine["machine_read_gbs"] * 1e9,
         )
-        out[f"sampler_tokens_per_s_b{batch}"] = batch * steps[True] / statistics.median(times[True])
-        out[f"sampler_nocache_tokens_per_s_b{batch}"] = (
-            batch * steps[False] / statistics.median(times[False])
-        )
-        out[f"sampler_roofline_tokens_per_s_b{batch}"] = batch * steps[True] / roofline_s
+        for name, prefix in (("cached", "sampler"), ("nocache", "sampler_nocache")):
+            tokens_per_s = batch * steps[name] / statistics.median(times[name])
+            out[f"{prefix}_tokens_per_s_b{batch}"] = tokens_per_s
+            out[f"{prefix}_seconds_b{batch}"] = sorted(times[name])
+        out[f"sampler_roofline_tokens_per_s_b{batch}"] = batch * steps["cached"] / roofline_s
         out[f"sampler_roofline_fraction_b{batch}"] = statistics.median(fractions)
         out[f"sampler_roofline_fractions_b{batch}"] = sorted(fractions)
-        out[f"sampler_seconds_b{batch}"] = sorted(times[True])
-        out[f"sampler_nocache_seconds_b{batch}"] = sorted(times[False])
         gflops, fraction = decode_matmul_fraction(config, batch, repeats, probe)
         out[f"decode_matmul_gflops_b{batch}"] = gflops
         out[f"decode_matmul_fraction_b{batch}"] = fraction
@@ -287,7 +289,7 @@ def bench_sampler(repeats: int) -> dict:
         "prompt_len": PROMPT_LEN,
         "new_tokens": NEW_TOKENS,
         "batch_sizes": list(BATCH_SIZES),
-        "param_count": model_lib.param_count(config),
+        "param_count": flops_lib.param_count(config),
     }
     return out
 
@@ -298,19 +300,25 @@ REPLAY_BATCH = 64
 
 
 def replay_items(rng, num_items):
-    """num_items LLM-shaped rollouts, as replax's trainer stores them."""
+    """num_items LLM-shaped rollouts in the trainer's stored layout (rollouts.rollout_spec)
+    with plausible values: random tokens, log-probs <= 0, 90% of tokens trained on."""
     import jax.numpy as jnp
+    import numpy as np
 
-    return {
-        "tokens": jnp.asarray(rng.integers(0, 512, (num_items, ITEM_LEN)), jnp.int32),
-        "behaviour_logprobs": jnp.asarray(
-            -rng.exponential(size=(num_items, ITEM_LEN)), jnp.float32
-        ),
-        "loss_mask": jnp.asarray(rng.random((num_items, ITEM_LEN)) < 0.9, jnp.float32),
-        "reward": jnp.asarray(rng.random(num_items) < 0.5, jnp.float32),
-        "advantage": jnp.asarray(rng.standard_normal(num_items), jnp.float32),
-        "policy_version": jnp.zeros((num_items,), jnp.int32),
-    }
+    from replax import rollouts
+
+    def fill(name, spec):
+        shape = (num_items, *spec.shape)
+        values = {
+            "tokens": lambda: rng.integers(0, 512, shape),
+            "attention_mask": lambda: np.ones(shape, bool),
+            "loss_mask": lambda: rng.random(shape) < 0.9,
+            "behaviour_logprobs": lambda: -rng.exponential(size=shape),
+            "reward": lambda: rng.random(shape) < 0.5,
+        }.get(name, lambda: rng.standard_normal(shape))
+        return jnp.asarray(values(), spec.dtype)
+
+    return {k: fill(k, spec) for k, spec in rollouts.rollout_spec(ITEM_LEN).items()}
 
 
 def kernel_count(compiled) -> int:
@@ -482,6 +490,7 @@ def bench_train(repeats: int) -> dict:
     import jax
     import numpy as np
 
+    from replax import flops as flops_lib
     from replax import model as model_lib
     from replax import objectives, sharding
     from replax import train_step as train_step_lib
@@ -511,7 +520,7 @@ def bench_train(repeats: int) -> dict:
     )
     for _ in range(2):  # warm-up: compile
         state, metrics = jax.block_until_ready(step(state, batch))
-    flops = model_lib.train_flops(config, TRAIN_BATCH, ITEM_LEN)
+    flops = flops_lib.train_flops(config, TRAIN_BATCH, ITEM_LEN)
     seconds, cpu_seconds, mfus, cpu_mfus = [], [], [], []
     per_cpu_s = _MACHINE_SAMPLES["matmul_gflops_per_cpu_s"]
     for _ in range(repeats):
