@@ -154,14 +154,15 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
     the run and reads its data; never reruns a warm start."""
     import jax
 
-    from replax import checkpoint, trainer  # imported late, as in ensure_run
+    from replax import checkpoint  # imported late, as in ensure_run
+    from replax import run as run_lib
 
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise config_utils.ConfigError(f"--workdir={workdir} has no checkpoints/")
-    run = trainer.build(config, workdir)
-    data = trainer.prepare_data(run)
-    train_state, _ = trainer.init_states(run)  # the structure to restore into
+    run = run_lib.build(config, workdir)
+    data = run_lib.prepare_data(run)
+    train_state, _ = run_lib.init_states(run)  # the structure to restore into
     checkpointer = checkpoint.Checkpointer(ckpt_dir)
     try:
         step = checkpointer.latest_step()

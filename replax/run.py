@@ -1,0 +1,260 @@
+"""A run's parts, built in explicit stages that each do one thing.
+
+`build` constructs the mesh, model, tokenizer, task, sampler, replay store and compiled
+steps from a validated config (nothing trains, nothing is read or written);
+`prepare_data` builds or reads the task's dataset and the held-out evaluator;
+`initial_params` picks the starting policy (`model.init`: random, a supervised warm start
+that is cached, or a Hugging Face checkpoint); `init_states` places the train and replay
+states on the mesh. `replax.trainer.train` runs them in order, then the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import tensorflow_datasets as tfds
+
+from replax import configuration as cfg
+from replax import data as data_lib
+from replax import evaluation, rollouts, schedules, sharding
+from replax import model as model_lib
+from replax import replay as replay_lib
+from replax import sampler as sampler_lib
+from replax import train_step as train_step_lib
+from replax import warmstart as warmstart_lib
+from replax.config_utils import ConfigError
+from replax.tasks import Example
+
+
+@dataclasses.dataclass
+class Run:
+    """What a run is built from: constructed by `build`, before any data or params."""
+
+    config: Any
+    workdir: str
+    mesh: Any
+    rules: Any
+    model_config: model_lib.ModelConfig
+    model: Any
+    tokenizer: Any
+    task: Any
+    sampler: sampler_lib.Sampler
+    buffer: replay_lib.ReplayBuffer
+    optimizer: Any
+    schedule: schedules.Schedule
+    train_step: Any
+    add_and_sample: Any
+    replay_shardings: Any
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return cfg.rollouts_per_step(self.config)
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.rollout.max_prompt_len + self.config.rollout.max_new_tokens
+
+
+@dataclasses.dataclass
+class Data:
+    """The prompt stream for rollouts and the held-out evaluator."""
+
+    prompts: Any  # grain dataset of prompt batches
+    evaluator: evaluation.Evaluator
+
+
+def build(config, workdir: str) -> Run:
+    """Constructs a run's parts from a validated config; reads and writes nothing."""
+    cfg.validate(config)
+    sharding.maybe_initialize_distributed()
+    rules = sharding.validate_rules(config.mesh.rules)
+    mesh = sharding.make_mesh(config.mesh.shape)
+    mcfg = cfg.model_config(config)
+    model = model_lib.Transformer(mcfg)
+    tokenizer = cfg.make_tokenizer(config)
+    schedule = cfg.make_schedule(config)
+    buffer = replay_lib.make_replay_buffer(
+        num_shards=sharding.data_parallel_size(mesh, rules), **cfg.replay_buffer_kwargs(config)
+    )
+    optimizer = train_step_lib.make_optimizer(cfg.optimizer_config(config))
+    seq_len = config.rollout.max_prompt_len + config.rollout.max_new_tokens
+
+    # The replay store, sharded over the data axes like the batch.
+    item = rollouts.rollout_spec(seq_len)
+    data_axes = sharding.logical_to_spec(("buffer",), rules)[0]
+    replay_shardings = buffer.state_sharding(
+        jax.eval_shape(buffer.init, item), mesh, data_axes=data_axes or ()
+    )
+    batch_sharding = train_step_lib.batch_shardings(
+        mesh, rules, rollouts.batch_spec(config.train.batch_size, seq_len)
+    )
+    state_shardings = train_step_lib.train_state_shardings(
+        model, optimizer, mesh, rules, with_reference=config.loss.kl_coef > 0
+    )
+    train_step = train_step_lib.make_train_step(
+        model,
+        optimizer,
+        cfg.loss_config(config),
+        mesh,
+        rules,
+        state_shardings,
+        batch_sharding,
+        temperature=config.rollout.temperature,
+        half_batch_stats=schedule.half_batch_stats,
+    )
+    add_and_sample = jax.jit(
+        rollouts.make_add_and_sample(
+            buffer,
+            group_size=config.rollout.group_size,
+            batch_size=config.train.batch_size,
+            normalize_std=config.loss.normalize_std,
+            drop_zero_advantage=config.replay.drop_zero_advantage,
+        ),
+        out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    sampler = sampler_lib.make_sampler(
+        mcfg,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        mesh=mesh,
+        rules=rules,
+        **cfg.sampler_kwargs(config),
+    )
+    return Run(
+        config=config,
+        workdir=workdir,
+        mesh=mesh,
+        rules=rules,
+        model_config=mcfg,
+        model=model,
+        tokenizer=tokenizer,
+        task=cfg.make_task_from_config(config, tokenizer),
+        sampler=sampler,
+        buffer=buffer,
+        optimizer=optimizer,
+        schedule=schedule,
+        train_step=train_step,
+        add_and_sample=add_and_sample,
+        replay_shardings=replay_shardings,
+    )
+
+
+def prepare_data(run: Run) -> Data:
+    """Builds (once, cached under task.data_dir or WORKDIR/data) the task's dataset and
+    returns the prompt stream and the held-out evaluator on its first test prompts."""
+    c = run.config
+    tfds.disable_progress_bar()
+    builder = data_lib.prepare_task_data(
+        c.task.data_dir or os.path.join(run.workdir, "data"),
+        run.task,
+        num_train=c.task.num_train,
+        num_test=c.task.num_test,
+        seed=c.task.data_seed,
+    )
+    train, test = builder.as_data_source("train"), builder.as_data_source("test")
+    # Sizes a file-backed task (task.num_* = 0: all of it) knows only once it is read.
+    if len(train) < c.rollout.prompts_per_step or len(test) < c.eval.num_prompts:
+        raise ConfigError(
+            f"task {run.task.name}: {len(train)} train and {len(test)} test examples; "
+            f"rollout.prompts_per_step={c.rollout.prompts_per_step} and eval.num_prompts="
+            f"{c.eval.num_prompts} need at least as many"
+        )
+    prompts = data_lib.prompt_dataset(
+        train,
+        run.tokenizer,
+        max_prompt_len=c.rollout.max_prompt_len,
+        batch_size=c.rollout.prompts_per_step,
+        seed=c.seed,
+    )
+    pairs = data_lib.eval_examples(test, c.eval.num_prompts)
+    evaluator = evaluation.Evaluator(
+        run.model_config,
+        run.tokenizer,
+        run.task,
+        [Example(prompt, answer) for prompt, answer in pairs],
+        max_prompt_len=c.rollout.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+        pass_k=c.eval.pass_k,
+        pass_k_prompts=c.eval.pass_k_prompts,
+        mesh=run.mesh,
+        rules=run.rules,
+    )
+    return Data(prompts=prompts, evaluator=evaluator)
+
+
+def _warm_start(run: Run, data: Data, log):
+    c = run.config
+    # What the base depends on (not where it or the data are stored).
+    key = warmstart_lib.cache_key(
+        model=dataclasses.asdict(run.model_config),
+        task={k: v for k, v in c.task.to_dict().items() if k != "data_dir"},
+        warmstart={k: v for k, v in c.warmstart.to_dict().items() if k != "cache_dir"},
+        seed=c.seed,
+        rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
+    )
+    params, info = warmstart_lib.warm_start(
+        model=run.model,
+        config=cfg.warmstart_config(c),
+        tokenizer=run.tokenizer,
+        task=run.task,
+        evaluator=data.evaluator,
+        seed=c.seed,
+        max_prompt_len=c.rollout.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+        mesh=run.mesh,
+        rules=run.rules,
+        cache_dir=c.warmstart.cache_dir or os.path.join(run.workdir, "base"),
+        key=key,
+        log=log,
+    )
+    log(
+        f"warm start: base accuracy {info['base_accuracy']:.3f} after {info['sft_steps']} SFT steps"
+    )
+    return params
+
+
+def _from_checkpoint(run: Run, data: Data, log):
+    """The Hugging Face checkpoint's weights, each read straight into its sharding."""
+    from replax import hf
+
+    del data
+    c = run.config
+    overrides = {k: c.model[k] for k in cfg.CHECKPOINT_OVERRIDES}
+    _, params = hf.load_pretrained_sharded(c.model.checkpoint, run.mesh, run.rules, **overrides)
+    log(f"loaded {c.model.checkpoint}")
+    return params
+
+
+# model.init -> the starting parameters (None: a random init from the run's seed).
+INITIAL_PARAMS = {
+    "random": lambda run, data, log: None,
+    "warmstart": _warm_start,
+    "checkpoint": _from_checkpoint,
+}
+assert set(INITIAL_PARAMS) == set(cfg.INITS)
+
+
+def initial_params(run: Run, data: Data, log=print):
+    """The policy RL starts from, as `model.init` says."""
+    return INITIAL_PARAMS[run.config.model.init](run, data, log)
+
+
+def init_states(run: Run, params=None):
+    """(train_state, replay_state) on the mesh: params given or initialised from the seed,
+    a fresh optimizer state, an empty replay store."""
+    train_state = train_step_lib.init_train_state(
+        run.model,
+        run.optimizer,
+        jax.random.key(run.config.seed),
+        run.mesh,
+        run.rules,
+        with_reference=run.config.loss.kl_coef > 0,
+        params=params,
+    )[0]
+    item = rollouts.rollout_spec(run.seq_len)
+    replay_state = jax.jit(lambda: run.buffer.init(item), out_shardings=run.replay_shardings)()
+    return train_state, replay_state

@@ -1,0 +1,85 @@
+r"""Exports a run's policy as a Hugging Face directory.
+
+  python scripts/export.py --workdir=runs/gsm8k --out=/tmp/qwen-gsm8k [--step=N]
+
+Reads the configuration the run started with (WORKDIR/config.json) and the params of its
+latest checkpoint (or of step N), and writes config.json, model*.safetensors,
+generation_config.json (every stop id) and, for a run with a Hugging Face tokenizer, its
+tokenizer files: a directory that transformers' AutoModelForCausalLM and AutoTokenizer
+load. A run with the byte-level tokenizer exports the model alone.
+
+A workdir without config.json or checkpoints, or a missing step: exit 2, one line.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from absl import app, flags, logging  # noqa: E402
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A run's directory.", required=True)
+_OUT = flags.DEFINE_string("out", None, "The directory to write.", required=True)
+_STEP = flags.DEFINE_integer("step", None, "The checkpoint step (default: the latest).")
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.ERROR)
+    import ml_collections
+
+    from replax import checkpoint, configuration, hf, hf_config
+    from replax import run as run_lib
+    from replax.config_utils import ConfigError
+
+    workdir = _WORKDIR.value
+    path = os.path.join(workdir, "config.json")
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    if not os.path.isfile(path):
+        _fail(f"--workdir={workdir} has no config.json: not a replax run directory")
+    if not os.path.isdir(ckpt_dir):
+        _fail(f"--workdir={workdir} has no checkpoints/")
+    with open(path) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    config.mesh.shape = tuple(config.mesh.shape)
+    config.mesh.rules = tuple(
+        (name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in config.mesh.rules
+    )
+    try:
+        configuration.validate(config)
+        run = run_lib.build(config, workdir)
+    except ConfigError as e:
+        _fail(str(e))
+    train_state, _ = run_lib.init_states(run)  # the structure to restore into
+    reader = checkpoint.Checkpointer(ckpt_dir)
+    try:
+        steps = reader.manager.all_steps()
+        step = reader.latest_step() if _STEP.value is None else _STEP.value
+        if step not in steps:
+            _fail(f"--step={step}: the checkpoints are {sorted(steps)}")
+        params = reader.restore_train_state(step, train_state=train_state).params
+    finally:
+        reader.close()
+    tokenizer_dir = None
+    if config.tokenizer.name == "hf":
+        tokenizer_dir = config.tokenizer.path or config.model.checkpoint
+        if os.path.isfile(tokenizer_dir):
+            tokenizer_dir = os.path.dirname(tokenizer_dir)
+    written = hf.save_pretrained(
+        _OUT.value,
+        run.model_config,
+        params,
+        tokenizer_dir=tokenizer_dir,
+        generation=hf_config.generation_config(run.tokenizer),
+    )
+    print(f"step {step} of {workdir} -> {_OUT.value} ({len(written)} files)")
+
+
+if __name__ == "__main__":
+    app.run(main)
