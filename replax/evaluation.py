@@ -65,7 +65,8 @@ class Evaluator:
         common = dict(
             max_prompt_len=max_prompt_len,
             max_new_tokens=max_new_tokens,
-            eos_id=tokenizer.eos_id,
+            stop_ids=tokenizer.stop_ids,
+            vocab_size=tokenizer.vocab_size,
             pad_id=tokenizer.pad_id,
             mesh=mesh,
             rules=rules,

@@ -5,18 +5,21 @@ row's last prompt token sits in slot P - 1 and the t-th new token goes to slot P
 the KV cache for every row alike; positions continue from each row's prompt length. The
 prefill writes slots [0, P - 1); iteration t of the loop feeds the token in slot P - 1 + t
 (the last prompt token, then each sampled one), samples token t and stops early once
-every row has produced EOS. The loop runs in up to four segments, each over a cache just
+every row has produced a stop token. The loop runs in up to four segments, each over a cache just
 long enough for it, so that early steps do not read slots that are not written yet.
 
     sampler = make_sampler(model_config, max_prompt_len=16, max_new_tokens=64,
-                           eos_id=1, pad_id=0, temperature=1.0, mesh=mesh)
+                           stop_ids=(1,), pad_id=0, temperature=1.0, mesh=mesh)
     out = sampler.generate(params, prompt_ids, prompt_mask, rng)  # SampleOutput
 
 `out.logprobs` are the behaviour log-probs that replay needs: the log-probability of each
 sampled token under the distribution it was drawn from (logits / temperature, top-k and
 top-p filtered and renormalised; for greedy decoding the log-softmax of the raw logits).
-EOS is part of the completion (and of the mask, so that the policy learns to stop);
-everything after it is `pad_id` with mask False and log-prob 0.
+The first stop token (any of `stop_ids`: Qwen2.5-Instruct ends a turn with <|im_end|> or
+<|endoftext|>) is part of the completion (and of the mask, so that the policy learns to
+stop); everything after it is `pad_id` with mask False and log-prob 0. With
+`vocab_size` below the model's vocabulary (checkpoints pad their embedding past the
+tokenizer's ids), the rows past it are never sampled.
 """
 
 from __future__ import annotations
@@ -152,6 +155,14 @@ class _LoopState:
     cache: Any
 
 
+def mask_vocab(logits, vocab_size: int | None):
+    """logits [..., V] with the ids >= vocab_size (None: none) far below any other: their
+    probability is exactly 0, and p log p stays finite (0, where -inf would give NaN)."""
+    if vocab_size is None:
+        return logits
+    return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -1e9)
+
+
 def _decode(
     params,
     prompt_ids,
@@ -161,12 +172,14 @@ def _decode(
     *,
     model: model_lib.Transformer,
     max_new_tokens: int,
-    eos_id: int,
+    stop_ids: tuple[int, ...],
     pad_id: int,
+    vocab_size: int | None,
     cache_dtype,
 ) -> SampleOutput:
     """The traced sampler. prompt_ids int32[B, P], prompt_mask bool[B, P] (left-padded)."""
     b, p = prompt_ids.shape
+    is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32))
     n = max_new_tokens
     variables = {"params": params}
     prompt_positions = model_lib.positions_from_mask(prompt_mask)  # [B, P]
@@ -205,6 +218,7 @@ def _decode(
 
     def body(state: _LoopState, kv_mask):
         logits, cache = next_logits(state.cache, state.last_tokens, state.step, kv_mask)
+        logits = mask_vocab(logits, vocab_size)
         tokens, logprobs = sample_tokens(uniforms[state.step], logits, sampling)
         tokens = jnp.where(state.done, pad_id, tokens)
         logprobs = jnp.where(state.done, 0.0, logprobs)
@@ -215,7 +229,7 @@ def _decode(
             logprobs=jax.lax.dynamic_update_slice(
                 state.logprobs, logprobs[:, None], (0, state.step)
             ),
-            done=state.done | (tokens == eos_id),
+            done=state.done | is_stop(tokens),
             cache=cache,
         )
 
@@ -242,10 +256,10 @@ def _decode(
             state,
         )
 
-    # Output: each row up to and including its first EOS; when every row stopped early,
-    # the columns never visited stay pad.
-    is_eos = state.tokens == eos_id
-    mask = (jnp.cumsum(is_eos, axis=1) - is_eos < 1) & (jnp.arange(n) < state.step)  # [B, N]
+    # Output: each row up to and including its first stop token; when every row stopped
+    # early, the columns never visited stay pad.
+    stopped = is_stop(state.tokens)
+    mask = (jnp.cumsum(stopped, axis=1) - stopped < 1) & (jnp.arange(n) < state.step)  # [B, N]
     return SampleOutput(
         tokens=jnp.where(mask, state.tokens, pad_id),
         mask=mask,
@@ -267,12 +281,13 @@ class Sampler:
         *,
         max_prompt_len: int,
         max_new_tokens: int,
-        eos_id: int,
+        stop_ids: tuple[int, ...],
         pad_id: int,
         sampling: SamplingConfig,
         mesh: jax.sharding.Mesh | None,
         rules,
         cache_dtype: str | None,
+        vocab_size: int | None = None,
     ):
         cfg = model_config
         for name, value in (("max_prompt_len", max_prompt_len), ("max_new_tokens", max_new_tokens)):
@@ -283,9 +298,16 @@ class Sampler:
                 f"sampler.max_prompt_len + max_new_tokens = {max_prompt_len} + {max_new_tokens}"
                 f" exceeds model.max_len={cfg.max_len}: allowed is a sum <= {cfg.max_len}"
             )
-        for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+        stop_ids = tuple(int(i) for i in stop_ids)
+        if not stop_ids:
+            raise ValueError("sampler.stop_ids is empty: a completion needs a stop token")
+        for name, value in (*(("stop_ids", i) for i in stop_ids), ("pad_id", pad_id)):
             if not (isinstance(value, int | np.integer) and 0 <= value < cfg.vocab_size):
                 raise ValueError(f"sampler.{name}={value}: allowed is 0 <= id < {cfg.vocab_size}")
+        if vocab_size is not None and not 0 < vocab_size <= cfg.vocab_size:
+            raise ValueError(
+                f"sampler.vocab_size={vocab_size}: allowed is 0 < size <= {cfg.vocab_size}"
+            )
         if cache_dtype is not None and cache_dtype not in model_lib.DTYPES:
             raise ValueError(
                 f"sampler.cache_dtype={cache_dtype!r}: allowed are {sorted(model_lib.DTYPES)}"
@@ -298,7 +320,9 @@ class Sampler:
         self.model = model_lib.Transformer(cfg)
         self.max_prompt_len = int(max_prompt_len)
         self.max_new_tokens = int(max_new_tokens)
-        self.eos_id, self.pad_id = int(eos_id), int(pad_id)
+        self.stop_ids, self.pad_id = stop_ids, int(pad_id)
+        # Rows of the model's vocabulary past the tokenizer's are never sampled.
+        self.vocab_size = None if vocab_size in (None, cfg.vocab_size) else int(vocab_size)
         self.sampling = sampling
         self.mesh, self.rules = mesh, rules
 
@@ -306,8 +330,9 @@ class Sampler:
             _decode,
             model=self.model,
             max_new_tokens=self.max_new_tokens,
-            eos_id=self.eos_id,
+            stop_ids=self.stop_ids,
             pad_id=self.pad_id,
+            vocab_size=self.vocab_size,
             cache_dtype=model_lib.DTYPES[cache_dtype] if cache_dtype else None,
         )
         if mesh is None:
@@ -431,7 +456,7 @@ def make_sampler(
     *,
     max_prompt_len: int,
     max_new_tokens: int,
-    eos_id: int,
+    stop_ids: tuple[int, ...],
     pad_id: int,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -439,9 +464,12 @@ def make_sampler(
     mesh: jax.sharding.Mesh | None = None,
     rules=None,
     cache_dtype: str | None = None,
+    vocab_size: int | None = None,
 ) -> Sampler:
     """Validates the settings and returns a `Sampler` bound to them.
 
+    stop_ids: the token ids that end a completion (a tokenizer's `stop_ids`).
+    vocab_size: the tokenizer's vocabulary, when the model's has rows past it.
     cache_dtype: dtype name of the KV cache (default: the model's activation dtype).
     With a mesh, params are sharded by their logical axes and the batch over `batch`
     (rules default to `sharding.DEFAULT_RULES`).
@@ -450,10 +478,11 @@ def make_sampler(
         model_config,
         max_prompt_len=max_prompt_len,
         max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
+        stop_ids=stop_ids,
         pad_id=pad_id,
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),
         mesh=mesh,
         rules=rules,
         cache_dtype=cache_dtype,
+        vocab_size=vocab_size,
     )

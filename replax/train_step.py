@@ -28,6 +28,7 @@ import optax
 
 from replax import model as model_lib
 from replax import objectives, sharding
+from replax.sampler import mask_vocab
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -167,11 +168,14 @@ def make_train_step(
     *,
     temperature: float = 1.0,
     half_batch_stats: bool = False,
+    vocab_size: int | None = None,
 ):
     """The compiled step (state, batch) -> (state, metrics); the state is donated.
 
     temperature: the sampling temperature of the rollouts; the policy's log-probs are
     taken at the same temperature, so on fresh rollouts pi / mu = 1 exactly.
+    vocab_size: the tokenizer's vocabulary when the model's has rows past it (never
+    sampled, so excluded here too).
     half_batch_stats: take the gradient as the mean of the freshest and the stalest half
     of the batch (one vmapped backward pass) and add their statistics (`halves_*`, see
     `half_batch_gradient_stats`) to the metrics; auto replay reads them.
@@ -182,6 +186,7 @@ def make_train_step(
         tokens, attn = batch["tokens"], batch["attention_mask"]
         positions = model_lib.positions_from_mask(attn)
         logits = model.apply({"params": params}, tokens, positions, attn) * scale  # [B, L, V]
+        logits = mask_vocab(logits, vocab_size)  # the distribution the sampler draws from
         return model_lib.token_logprobs_and_entropy(logits, tokens)
 
     def loss_fn(params, reference_params, batch):

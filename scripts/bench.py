@@ -223,7 +223,7 @@ def bench_sampler(repeats: int) -> dict:
                 config,
                 max_prompt_len=PROMPT_LEN,
                 max_new_tokens=NEW_TOKENS,
-                eos_id=1,
+                stop_ids=(1,),
                 pad_id=0,
                 temperature=1.0,
             ).generate,

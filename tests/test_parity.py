@@ -218,7 +218,7 @@ def test_generation_and_export_match_transformers(checkpoints, tmp_path, name):
     prompt_ids, prompt_mask = _prompts()
     new = 16
     sampler = sampler_lib.make_sampler(
-        config, max_prompt_len=10, max_new_tokens=new, eos_id=EOS, pad_id=PAD, temperature=0.0
+        config, max_prompt_len=10, max_new_tokens=new, stop_ids=(EOS,), pad_id=PAD, temperature=0.0
     )
 
     # Greedy: the same tokens, and the behaviour log-probs are transformers' log-softmax.
@@ -509,7 +509,7 @@ def test_export_with_real_tokenizer_generates_like_transformers(qwen_style_dir, 
         config,
         max_prompt_len=48,
         max_new_tokens=16,
-        eos_id=ours.eos_id,
+        stop_ids=ours.stop_ids,
         pad_id=ours.pad_id,
         temperature=0.0,
     )

@@ -47,7 +47,9 @@ def prompts():
 
 
 def make(**kwargs):
-    settings = dict(max_prompt_len=PROMPT_LEN, max_new_tokens=NEW_TOKENS, eos_id=EOS, pad_id=PAD)
+    settings = dict(
+        max_prompt_len=PROMPT_LEN, max_new_tokens=NEW_TOKENS, stop_ids=(EOS,), pad_id=PAD
+    )
     settings.update(kwargs)
     return sampler_lib.make_sampler(CONFIG, **settings)
 
@@ -140,7 +142,7 @@ def test_eos_stops_a_row_and_the_rest_is_pad(params):
     greedy = make(temperature=0.0).generate(params, ids, mask, jax.random.key(0))
     # Make the token row 0 emits at step 2 the EOS: row 0 then stops there.
     eos = int(greedy.tokens[0, 2])
-    out = make(temperature=0.0, eos_id=eos, pad_id=PAD if eos != PAD else 1).generate(
+    out = make(temperature=0.0, stop_ids=(eos,), pad_id=PAD if eos != PAD else 1).generate(
         params, ids, mask, jax.random.key(0)
     )
     tokens, live = np.asarray(out.tokens), np.asarray(out.mask)
@@ -154,7 +156,7 @@ def test_eos_stops_a_row_and_the_rest_is_pad(params):
     np.testing.assert_array_equal(tokens[0, : first_eos + 1], greedy.tokens[0, : first_eos + 1])
 
     # Every row done: the loop exits early and unvisited columns are pad.
-    one_row = make(temperature=0.0, eos_id=eos).generate(
+    one_row = make(temperature=0.0, stop_ids=(eos,)).generate(
         params, ids[:1], mask[:1], jax.random.key(0)
     )
     assert int(one_row.lengths[0]) == first_eos + 1
@@ -236,7 +238,9 @@ def test_sample_k_repeats_each_prompt(params):
         ({"top_k": 65}, "top_k"),
         ({"temperature": -0.5}, "temperature"),
         ({"cache_dtype": "float64"}, "cache_dtype"),
-        ({"eos_id": 64}, "eos_id"),
+        ({"stop_ids": (64,)}, "stop_ids"),
+        ({"stop_ids": ()}, "stop_ids"),
+        ({"vocab_size": 65}, "vocab_size"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
     ],
 )
@@ -279,3 +283,44 @@ def test_sampling_config_is_frozen_and_hashable():
     config = sampler_lib.SamplingConfig(temperature=0.5, top_k=3)
     assert hash(config) == hash(dataclasses.replace(config))
     assert not config.greedy and sampler_lib.SamplingConfig(temperature=0.0).greedy
+
+
+def test_a_row_stops_at_the_first_of_several_stop_ids(params):
+    """Qwen2.5-Instruct ends a turn with either of two ids: each row stops at whichever
+    of the stop ids it emits first."""
+    ids, mask = prompts()
+    greedy = np.asarray(make(temperature=0.0).generate(params, ids, mask, jax.random.key(0)).tokens)
+    stops = (int(greedy[0, 1]), int(greedy[1, 3]))
+    out = make(temperature=0.0, stop_ids=stops).generate(params, ids, mask, jax.random.key(0))
+    for row in range(4):
+        hits = np.flatnonzero(np.isin(greedy[row], stops))
+        end = hits[0] + 1 if hits.size else NEW_TOKENS
+        assert int(out.lengths[row]) == end
+        np.testing.assert_array_equal(np.asarray(out.tokens)[row, :end], greedy[row, :end])
+
+
+def test_rows_past_the_tokenizers_vocabulary_are_never_sampled(params):
+    """A checkpoint's vocabulary may be padded past the tokenizer's ids: with vocab_size
+    the sampler draws from (and scores under) the first vocab_size logits alone."""
+    ids, mask = prompts()
+    limit = 40
+    full = make(temperature=0.0).generate(params, ids, mask, jax.random.key(0))
+    assert (np.asarray(full.tokens)[np.asarray(full.mask)] >= limit).any()  # it would
+    for temperature in (0.0, 1.0):
+        out = make(temperature=temperature, vocab_size=limit, stop_ids=(1,)).generate(
+            params, np.repeat(ids, 8, 0), np.repeat(mask, 8, 0), jax.random.key(1)
+        )
+        live = np.asarray(out.mask)
+        assert (np.asarray(out.tokens)[live] < limit).all()
+    # Greedy log-probs are the log-softmax over the kept logits of the first token.
+    out = make(temperature=0.0, vocab_size=limit, stop_ids=(1,)).generate(
+        params, ids, mask, jax.random.key(0)
+    )
+    positions = model_lib.positions_from_mask(mask)
+    logits = np.asarray(_full_forward(params, ids, positions, mask))[:, -1, :limit]
+    logits = logits.astype(np.float64)
+    top = logits.max(1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+    first = np.asarray(out.tokens)[:, 0]
+    np.testing.assert_array_equal(first, logits.argmax(1))
+    np.testing.assert_allclose(np.asarray(out.logprobs)[:, 0], logp[np.arange(4), first], atol=1e-5)
