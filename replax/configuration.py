@@ -56,10 +56,10 @@ def model_config(config) -> model_lib.ModelConfig:
     """The policy's ModelConfig: model.* keys, or with model.checkpoint the checkpoint's
     config.json with CHECKPOINT_OVERRIDES from model.*."""
     if config.model.checkpoint:
-        from replax import hf
+        from replax import hf_config
 
         overrides = {k: config.model[k] for k in CHECKPOINT_OVERRIDES}
-        return hf.read_config(config.model.checkpoint, **overrides)
+        return hf_config.read_config(config.model.checkpoint, **overrides)
     fields = {k: v for k, v in config.model.to_dict().items() if k not in MODEL_RUN_KEYS}
     return model_lib.ModelConfig(**fields)
 

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from replax import hf, sharding
+from replax import hf, hf_config, hf_layout, sharding
 from replax import model as model_lib
 
 TINY = model_lib.ModelConfig(
@@ -270,25 +270,25 @@ def hf_forward(c, t, tokens):
 def test_params_round_trip_exact(variant):
     config = dataclasses.replace(TINY, **VARIANTS[variant])
     params = random_params(config)
-    tensors = hf.params_to_hf(params, config)
+    tensors = hf_layout.params_to_hf(params, config)
     assert ("lm_head.weight" in tensors) == (not config.tie_embeddings)
     assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (4 * 16, 32)
     assert tensors["model.layers.0.self_attn.o_proj.weight"].shape == (32, 4 * 16)
     assert tensors["model.layers.1.mlp.down_proj.weight"].shape == (32, 48)
-    assert_trees_equal(hf.params_from_hf(tensors, config), params)
+    assert_trees_equal(hf_layout.params_from_hf(tensors, config), params)
     # Boxed params (as model.init returns them) export the same.
     dummy = jnp.zeros((1, 1), jnp.int32)
     boxed = model_lib.Transformer(config).init(jax.random.key(0), dummy, dummy)
-    for name, x in hf.params_to_hf(boxed, config).items():
+    for name, x in hf_layout.params_to_hf(boxed, config).items():
         assert x.shape == tensors[name].shape
 
 
 @pytest.mark.parametrize("arch", list(HF_CONFIGS))
 def test_hf_tensors_round_trip_and_init_tree(arch):
     c = HF_CONFIGS[arch]
-    config = hf.config_from_hf(c)
+    config = hf_config.config_from_hf(c)
     tensors = random_hf_checkpoint(c)
-    params = hf.params_from_hf(tensors, config)
+    params = hf_layout.params_from_hf(tensors, config)
     dummy = jnp.zeros((1, 1), jnp.int32)
     init = jax.eval_shape(
         lambda: model_lib.Transformer(config).init(jax.random.key(0), dummy, dummy)
@@ -297,34 +297,12 @@ def test_hf_tensors_round_trip_and_init_tree(arch):
     assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(init)
     for x, y in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(init)):
         assert x.shape == y.shape and x.dtype == y.dtype
-    back = hf.params_to_hf(params, config)
+    back = hf_layout.params_to_hf(params, config)
     assert sorted(back) == sorted(tensors)
     for name, x in tensors.items():
         np.testing.assert_array_equal(back[name], x)
     # The config survives config_to_hf -> config_from_hf.
-    assert hf.config_from_hf(hf.config_to_hf(config)) == config
-
-
-def test_config_from_hf_fields():
-    config = hf.config_from_hf(HF_CONFIGS["qwen2"], max_len=16, dtype="bfloat16")
-    assert config == model_lib.ModelConfig(
-        vocab_size=64,
-        num_layers=2,
-        d_model=32,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        mlp_dim=48,
-        max_len=16,
-        tie_embeddings=True,
-        qkv_bias=True,
-        qk_norm=False,
-        rope_theta=1000.0,
-        norm_eps=1e-6,
-        dtype="bfloat16",
-    )
-    assert hf.config_from_hf(HF_CONFIGS["qwen3"]).qk_norm
-    assert hf.config_from_hf(HF_CONFIGS["llama"]).norm_eps == 1e-5
+    assert hf_config.config_from_hf(hf_config.config_to_hf(config)) == config
 
 
 @pytest.mark.parametrize("variant", ["untied", "qkv_bias", "qk_norm"])
@@ -348,7 +326,7 @@ def test_save_load_sharded(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(written)
     with open(tmp_path / "model.safetensors.index.json") as f:
         index = json.load(f)
-    tensors = hf.params_to_hf(params, config)
+    tensors = hf_layout.params_to_hf(params, config)
     assert sorted(index["weight_map"]) == sorted(tensors)
     assert set(index["weight_map"].values()) == set(shards)
     assert index["metadata"]["total_size"] == sum(x.nbytes for x in tensors.values())
@@ -369,7 +347,7 @@ def test_bfloat16_checkpoint(tmp_path):
     assert_trees_equal(loaded, params)
     # The numpy-only reader (for safetensors without bfloat16) reads the same tensors.
     raw = hf._read_safetensors_raw(str(tmp_path / "model.safetensors"))
-    for name, x in hf.params_to_hf(params, config).items():
+    for name, x in hf_layout.params_to_hf(params, config).items():
         assert raw[name].dtype == x.dtype
         np.testing.assert_array_equal(raw[name], x)
     # A bfloat16 checkpoint loads exactly into float32 params.
@@ -395,8 +373,8 @@ def test_forward_matches_numpy_hf_reference(arch):
     c = HF_CONFIGS[arch]
     tensors = random_hf_checkpoint(c, seed=3)
     # max_len = the 12 tokens: dynamic NTK then scales as transformers does for 12 tokens.
-    config = hf.config_from_hf(c, max_len=12)
-    params = hf.params_from_hf(tensors, config)
+    config = hf_config.config_from_hf(c, max_len=12)
+    params = hf_layout.params_from_hf(tensors, config)
     tokens = np.random.default_rng(4).integers(0, c["vocab_size"], (2, 12)).astype(np.int32)
     positions = np.broadcast_to(np.arange(12, dtype=np.int32), tokens.shape)
     logits = model_lib.Transformer(config).apply(
@@ -411,140 +389,33 @@ def test_forward_matches_numpy_hf_reference(arch):
 # Bad input.
 
 
-@pytest.mark.parametrize(
-    "change, message",  # one line naming the field and what is allowed
-    [
-        ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
-        ({"rope_parameters": {"rope_type": "longrope"}}, "rope_parameters type 'longrope'"),
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
-        ({"rope_scaling": {"type": "linear"}}, "factor"),
-        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-        ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"attention_bias": True}, "attention_bias"),
-        ({"use_sliding_window": True}, "use_sliding_window"),
-        ({"vocab_size": None}, "vocab_size"),
-    ],
-)
-def test_config_from_hf_rejects(change, message):
-    c = {**HF_CONFIGS["llama"], **change}
-    if c["vocab_size"] is None:
-        del c["vocab_size"]
-    with pytest.raises(ValueError, match=message) as info:
-        hf.config_from_hf(c)
-    assert "\n" not in str(info.value)
-
-
-def test_config_from_hf_rejects_unknown_override():
-    with pytest.raises(ValueError, match="num_layer"):
-        hf.config_from_hf(HF_CONFIGS["llama"], num_layer=3)
-
-
 def test_params_from_hf_rejects_bad_tensors():
     c = HF_CONFIGS["qwen2"]
-    config = hf.config_from_hf(c)
+    config = hf_config.config_from_hf(c)
     tensors = random_hf_checkpoint(c)
 
     missing = dict(tensors)
     del missing["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*\[48, 32\]"):
-        hf.params_from_hf(missing, config)
+        hf_layout.params_from_hf(missing, config)
 
     wrong = dict(tensors)
     wrong["model.layers.0.self_attn.k_proj.weight"] = np.zeros((32, 16), np.float32)
     with pytest.raises(
         ValueError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*\[32, 16\].*\[16, 32\]"
     ):
-        hf.params_from_hf(wrong, config)
+        hf_layout.params_from_hf(wrong, config)
 
     extra = {**tensors, "model.layers.0.self_attn.o_proj.bias": np.zeros(32, np.float32)}
     with pytest.raises(ValueError, match=r"unexpected.*o_proj\.bias"):
-        hf.params_from_hf(extra, config)
+        hf_layout.params_from_hf(extra, config)
 
     # A tied checkpoint that also stores the head is accepted iff it is the embedding.
     tied = {**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].copy()}
-    hf.params_from_hf(tied, config)
+    hf_layout.params_from_hf(tied, config)
     tied["lm_head.weight"] = tied["lm_head.weight"] + 1.0
     with pytest.raises(ValueError, match="lm_head.weight"):
-        hf.params_from_hf(tied, config)
-
-
-def test_config_to_hf_rejects_bias_and_norm():
-    with pytest.raises(ValueError, match="qkv_bias"):
-        hf.config_to_hf(dataclasses.replace(TINY, qkv_bias=True, qk_norm=True))
-
-
-# ---------------------------------------------------------------------------------------
-# RoPE scaling.
-
-
-def test_rope_fields_from_both_config_forms():
-    llama3 = hf.config_from_hf(HF_CONFIGS["llama3_rope"])
-    assert (llama3.rope_type, llama3.rope_theta, llama3.rope_factor) == ("llama3", 1e4, 8.0)
-    assert (llama3.rope_low_freq_factor, llama3.rope_high_freq_factor) == (1.0, 4.0)
-    assert llama3.rope_original_max_len == 64 and llama3.max_len == 32
-    # transformers 4.x: rope_theta at the top, the scaling in rope_scaling.
-    v4 = {**HF_CONFIGS["llama3_rope"], "rope_theta": 10000.0, "rope_parameters": None}
-    v4["rope_scaling"] = {
-        k: v for k, v in HF_CONFIGS["llama3_rope"]["rope_parameters"].items() if k != "rope_theta"
-    }
-    assert hf.config_from_hf(v4) == llama3
-    # Without original_max_position_embeddings, transformers uses max_position_embeddings.
-    del v4["rope_scaling"]["original_max_position_embeddings"]
-    assert hf.config_from_hf(v4).rope_original_max_len == 32
-    linear = hf.config_from_hf(HF_CONFIGS["qwen2_linear"])
-    assert (linear.rope_type, linear.rope_factor, linear.rope_theta) == ("linear", 4.0, 1000.0)
-    dynamic = hf.config_from_hf(HF_CONFIGS["qwen3_dynamic"])
-    assert (dynamic.rope_type, dynamic.rope_original_max_len) == ("dynamic", 8)
-    plain = hf.config_from_hf({**HF_CONFIGS["qwen3"], "rope_parameters": {"rope_theta": 5.0}})
-    assert (plain.rope_type, plain.rope_theta) == ("default", 5.0)
-
-
-@pytest.mark.parametrize("arch", ["llama3_rope", "qwen2_linear", "qwen3_dynamic"])
-def test_rope_scaling_round_trips_through_export(arch):
-    config = hf.config_from_hf(HF_CONFIGS[arch])
-    exported = hf.config_to_hf(config)
-    assert exported["rope_parameters"]["rope_type"] == config.rope_type
-    assert exported["rope_scaling"]["rope_type"] == config.rope_type
-    assert hf.config_from_hf(exported) == config
-    # Read as transformers 4.x would (no rope_parameters), the same config.
-    assert hf.config_from_hf({**exported, "rope_parameters": None}) == config
-
-
-def test_rope_inv_freq_by_hand():
-    # head_dim 8, theta 1e4: inv_freq 1, 0.1, 0.01, 0.001, wavelengths 2 pi x 1, 10, 100,
-    # 1000. llama3 with original 64, low 1, high 4: wavelength < 16 kept, > 64 divided by
-    # factor 8, 62.8 in between: smooth = (64 / 62.83 - 1) / 3, mixing f / 8 and f.
-    base = dict(head_dim=8, num_heads=2, num_kv_heads=2, rope_theta=1e4)
-    plain = model_lib.rope_inv_freq(model_lib.ModelConfig(**base))
-    np.testing.assert_allclose(plain, [1.0, 0.1, 0.01, 0.001], rtol=1e-6)
-    llama3 = model_lib.ModelConfig(
-        **base, rope_type="llama3", rope_factor=8.0, rope_original_max_len=64
-    )
-    smooth = (64 / (2 * np.pi * 10) - 1) / 3
-    expected = [1.0, (1 - smooth) * 0.1 / 8 + smooth * 0.1, 0.01 / 8, 0.001 / 8]
-    np.testing.assert_allclose(model_lib.rope_inv_freq(llama3), expected, rtol=1e-6)
-    linear = model_lib.ModelConfig(**base, rope_type="linear", rope_factor=4.0)
-    np.testing.assert_allclose(model_lib.rope_inv_freq(linear), plain / 4, rtol=1e-6)
-    # dynamic: unscaled up to the original length; at 2x it with factor 3, theta grows by
-    # (3 * 2 - 2) ** (8 / 6).
-    dynamic = dict(base, rope_type="dynamic", rope_factor=3.0, rope_original_max_len=64)
-    short = model_lib.ModelConfig(**dynamic, max_len=64)
-    np.testing.assert_allclose(model_lib.rope_inv_freq(short), plain, rtol=1e-6)
-    long = model_lib.ModelConfig(**dynamic, max_len=128)
-    theta = 1e4 * 4 ** (8 / 6)
-    np.testing.assert_allclose(
-        model_lib.rope_inv_freq(long), theta ** -(np.arange(4) / 4), rtol=1e-5
-    )
-
-
-def test_model_config_rejects_bad_rope():
-    with pytest.raises(ValueError, match="rope_type='yarn'.*allowed"):
-        model_lib.ModelConfig(rope_type="yarn")
-    with pytest.raises(ValueError, match="rope_original_max_len"):
-        model_lib.ModelConfig(rope_type="llama3", rope_factor=8.0)
-    with pytest.raises(ValueError, match="high"):
-        model_lib.ModelConfig(rope_type="llama3", rope_original_max_len=8, rope_low_freq_factor=4.0)
+        hf_layout.params_from_hf(tied, config)
 
 
 # ---------------------------------------------------------------------------------------
@@ -593,14 +464,14 @@ def test_load_pretrained_sharded_reads_only_its_blocks(tmp_path, monkeypatch):
     config = dataclasses.replace(TINY, tie_embeddings=False)
     hf.save_pretrained(str(tmp_path), config, random_params(config))
     reads = []
-    original = hf._read_block
+    original = hf_layout.read_block
 
     def counting(view, entry, index):
         block = original(view, entry, index)
         reads.append((entry.hf_name, block.size))
         return block
 
-    monkeypatch.setattr(hf, "_read_block", counting)
+    monkeypatch.setattr(hf_layout, "read_block", counting)
     mesh = sharding.make_mesh((2, 2, 2))
     hf.load_pretrained_sharded(str(tmp_path), mesh)
     # Each distinct block is read once: lm_head [E, V] over (fsdp, tensor) = 4 blocks of
@@ -623,7 +494,7 @@ def test_load_pretrained_sharded_memmap_fallback_and_errors(tmp_path, monkeypatc
     _, sharded = hf.load_pretrained_sharded(str(tmp_path), mesh)
     assert_trees_equal(jax.device_get(sharded), params)
 
-    tensors = hf.params_to_hf(params, config)
+    tensors = hf_layout.params_to_hf(params, config)
     del tensors["model.layers.1.self_attn.v_proj.bias"]
     from safetensors.numpy import save_file
 

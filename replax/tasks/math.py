@@ -1,20 +1,8 @@
-"""GSM8K and MATH: final-answer extraction as the field does it, local data, prompts.
+"""GSM8K and MATH: the task over local data, its prompts and its rewards.
 
-Answers. GSM8K: the reference is the text after "####" in the solution, commas removed;
-a completion's answer is the text after its last "####", else its last \\boxed{...},
-else its last number (commas removed, a trailing period dropped). MATH: the reference is
-the `answer` field, else the last \\boxed{...} of the solution; a completion's answer is
-its last \\boxed{...} (or \\fbox), else what follows "####", else its last number. Both
-sides are normalised as the MATH / Minerva / lm-eval-harness answer checkers do
-(`normalize`: \\left \\right, \\! and spacing, \\dfrac -> \\frac, \\frac12 -> \\frac{1}{2},
-units such as "\\text{ cm}", ^\\circ, dollars, percent, "x =", trailing ".") and compared
-as numbers when both are (0.5 equals \\frac{1}{2}; relative tolerance 1e-6), else as
-strings. A reward never raises: anything odd scores 0.0.
-
-Data. `read_gsm8k` / `read_math` read a JSONL file, a parquet file (pyarrow) or a saved
-Hugging Face `datasets` directory (datasets.load_from_disk); GSM8K records have
-question / answer, MATH records problem / solution (and optionally answer). A malformed
-record or a missing file raises a ValueError naming the file and the 1-based line (row).
+Answers are extracted, normalised and compared by `replax.tasks.answers` (the last
+\\boxed{...}, the text after "####" or the last number, as the field does it); a reward
+never raises: anything odd scores 0.0. Data is read by `replax.tasks.math_data`.
 
 Prompts. "instruct": the tokenizer's chat template over the question and the field's
 instruction (GSM8K: verl's "Let's think step by step and output the final answer after
@@ -27,19 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import pathlib
 import re
-from fractions import Fraction
-from typing import Any
 
 from replax.tasks import Example, Task
+from replax.tasks.answers import BOX_COMMANDS, answers_match, extract_answer, extract_gsm8k_answer
+from replax.tasks.math_data import is_saved_dataset, read_gsm8k, read_math
 
 _MAX_CHARS = 100_000  # completions are capped by the sampler; this guards odd input
-# A leading "-" counts as a sign only when it does not follow a word ("5-3", "x-2").
-_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|\.\d+)")
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -96,176 +80,7 @@ _NEXT_QUESTION = re.compile(r"\n\s*(?:Question|Problem):")
 
 
 # ---------------------------------------------------------------------------------------
-# Extraction.
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}, "\\boxed 5"), braces balanced."""
-    start = max(text.rfind(command) for command in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    rest = text[start:]
-    rest = rest[len("\\boxed") if rest.startswith("\\boxed") else len("\\fbox") :]
-    if rest.startswith(" "):  # "\boxed 5": up to the next "$" or whitespace
-        words = rest.split("$")[0].split()
-        return words[0] if words else None
-    if not rest.startswith("{"):
-        return None
-    depth = 0
-    for i, char in enumerate(rest):
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return rest[1:i]
-    return None  # unbalanced: no answer
-
-
-def _after_hashes(text: str) -> str | None:
-    if "####" not in text:
-        return None
-    after = text.rsplit("####", 1)[1].strip()
-    return after.splitlines()[0].strip() if after else None
-
-
-def _last_number(text: str) -> str | None:
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
-
-
-def gsm8k_reference(solution: str) -> str:
-    """The final answer of a GSM8K solution: the text after "####", commas removed."""
-    if "####" not in solution:
-        raise ValueError('the solution has no "####" final answer')
-    return solution.rsplit("####", 1)[1].strip().replace(",", "")
-
-
-def extract_gsm8k_answer(text: str) -> str | None:
-    """A GSM8K completion's answer: after its last "####", else its last \\boxed{...},
-    else its last number; commas removed and a trailing period dropped."""
-    answer = _after_hashes(text)
-    if answer is None:
-        answer = last_boxed(text)
-    if answer is None:
-        answer = _last_number(text)
-    if answer is None:
-        return None
-    return answer.replace(",", "").strip().rstrip(".")
-
-
-def extract_answer(text: str) -> str | None:
-    """A MATH-style final answer: the last \\boxed{...}, else what follows "####", else the
-    last number; before normalisation. None if there is none."""
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    after = _after_hashes(text)
-    return after if after is not None else _last_number(text)
-
-
-# ---------------------------------------------------------------------------------------
-# Normalisation and comparison.
-
-# Unit words dropped from answers (Minerva's list), when not part of a longer word.
-_UNITS = (
-    "square",
-    "ways",
-    "integers",
-    "dollars",
-    "mph",
-    "inches",
-    "inch",
-    "ft",
-    "hours",
-    "km",
-    "units",
-    "points",
-    "feet",
-    "minutes",
-    "digits",
-    "cents",
-    "degrees",
-    "cm",
-    "gm",
-    "pounds",
-    "meters",
-    "meals",
-    "edges",
-    "students",
-    "childrentickets",
-    "multiples",
-)
-_UNIT_RE = re.compile(
-    r"(?<![A-Za-z\\])(?:" + "|".join(_UNITS) + r")(?:\^[23]|\^\{[23]\})?(?![A-Za-z])"
-)
-_TEXT_RE = re.compile(r"\\(?:text|textbf|mbox|mathrm|textrm|overline|boxed)\{([^{}]*)\}")
-
-
-def _fix_fracs(s: str) -> str:
-    """\\frac12 -> \\frac{1}{2}, \\frac1{2} -> \\frac{1}{2}, \\frac{1}2 -> \\frac{1}{2}."""
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
-    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
-    return s
-
-
-def normalize(answer: str) -> str:
-    """Canonical string form of a final answer (see the module docstring)."""
-    s = answer.strip().replace("\n", "").replace("\\!", "")
-    s = s.replace("\\\\", "\\").replace("\u2212", "-")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = s.replace("\\left", "").replace("\\right", "")
-    s = re.sub(r"\^\{?\\circ\}?", "", s)
-    s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
-    if "\\text{ " in s:  # "5\text{ cm}": a unit after the value
-        head = s.split("\\text{ ")[0]
-        s = head if head.strip() else s
-    for _ in range(3):  # \text{...} and friends, innermost first
-        s = _TEXT_RE.sub(r"\1", s)
-    s = _UNIT_RE.sub("", s)
-    for command in ("\\,", "\\;", "\\:", "\\ ", "~"):
-        s = s.replace(command, "")
-    s = re.sub(r"\s+", "", s)
-    if "=" in s and len(s.split("=")[0]) <= 2:  # "x=5", "k=5": the value
-        s = s.split("=", 1)[1]
-    s = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
-    s = _fix_fracs(s)
-    s = re.sub(r"(?<![\d.])\.(?=\d)", "0.", s)  # .5 -> 0.5, {.5} -> {0.5}
-    s = s.rstrip(".")
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):  # 1,000 -> 1000 (not "1,2")
-        s = s.replace(",", "")
-    if re.fullmatch(r"-?\d+\.\d*?0+", s):  # 2.50 -> 2.5, 3.0 -> 3
-        s = s.rstrip("0").rstrip(".")
-    return s
-
-
-def to_number(s: str) -> Fraction | None:
-    """The value of a normalised answer if it is a plain number or fraction."""
-    if len(s) > 200:
-        return None
-    if m := re.fullmatch(r"(-?)\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s):
-        value = Fraction(m.group(2)) / Fraction(m.group(3))
-        return -value if m.group(1) else value
-    if m := re.fullmatch(r"(-?[\d.]+)/(-?[\d.]+)", s):
-        return Fraction(m.group(1)) / Fraction(m.group(2))
-    if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)", s):
-        return Fraction(s)
-    return None
-
-
-def answers_match(predicted: str, reference: str, rel_tol: float = 1e-6) -> bool:
-    """Numeric equality within rel_tol if both are numbers, else normalised string equality."""
-    predicted, reference = normalize(predicted), normalize(reference)
-    if not predicted:
-        return False
-    try:
-        a, b = to_number(predicted), to_number(reference)
-    except (ValueError, ZeroDivisionError):
-        a = b = None
-    if a is not None and b is not None:
-        return a == b or math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-12)
-    return predicted == reference
+# Rewards.
 
 
 def _reward(extract, completion: str, answer: str) -> float:
@@ -294,109 +109,11 @@ def math_reward(completion: str, answer: str) -> float:
     solution ending in "#### 42" or containing \\boxed{...} also works.
     """
     try:
-        if "####" in answer or any(c in answer for c in _BOX_COMMANDS):
+        if "####" in answer or any(c in answer for c in BOX_COMMANDS):
             answer = extract_answer(answer) or ""
     except Exception:  # noqa: BLE001
         return 0.0
     return _reward(extract_answer, completion, answer)
-
-
-# ---------------------------------------------------------------------------------------
-# Reading local data.
-
-
-def _is_saved_dataset(path: pathlib.Path) -> bool:
-    return path.is_dir() and any(
-        (path / name).is_file() for name in ("dataset_dict.json", "state.json")
-    )
-
-
-def read_records(path: str | os.PathLike, split: str | None = None) -> list[tuple[str, Any]]:
-    """(where, record) pairs of a JSONL file, a parquet file or a saved `datasets` directory;
-    `where` is "FILE:LINE" (1-based; "FILE:ROW" for parquet and datasets rows). A saved
-    DatasetDict needs `split`. Raises ValueError naming the file (and line) on bad input."""
-    path = pathlib.Path(path)
-    if _is_saved_dataset(path):
-        try:
-            import datasets
-        except ImportError:
-            raise ValueError(
-                f"{path} is a saved datasets directory: reading it needs `pip install datasets`"
-            ) from None
-        data = datasets.load_from_disk(str(path))
-        if isinstance(data, datasets.DatasetDict):
-            if split not in data:
-                raise ValueError(f"{path}: no split {split!r}; it has {sorted(data)}")
-            data = data[split]
-        return [(f"{path}:{i}", record) for i, record in enumerate(data, start=1)]
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file (a JSONL or parquet file, or a saved dataset)")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ValueError(f"{path}: reading parquet needs `pip install pyarrow`") from None
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as e:  # noqa: BLE001 - pyarrow's own error types
-            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
-        return [(f"{path}:{i}", record) for i, record in enumerate(rows, start=1)]
-    out = []
-    try:
-        with path.open(encoding="utf-8") as f:
-            for line_number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    out.append((f"{path}:{line_number}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{line_number}: not JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
-    return out
-
-
-def _field(where: str, record: Any, name: str, kind: str) -> str:
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: malformed {kind} record (not an object)")
-    value = record.get(name)
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: malformed {kind} record ({name!r} is not a string)")
-    return value
-
-
-def read_gsm8k(path: str | os.PathLike, split: str | None = None) -> list[Example]:
-    """GSM8K examples: prompt = the question, answer = the text after "####" (no commas)."""
-    out = []
-    for where, record in read_records(path, split):
-        question = _field(where, record, "question", "GSM8K")
-        solution = _field(where, record, "answer", "GSM8K")
-        if "####" not in solution:
-            raise ValueError(f'{where}: malformed GSM8K record (answer has no "####")')
-        out.append(Example(prompt=question, answer=gsm8k_reference(solution)))
-    return out
-
-
-def read_gsm8k_jsonl(path: str | os.PathLike) -> list[Example]:
-    """`read_gsm8k` of a JSONL file (kept for existing callers)."""
-    return read_gsm8k(path)
-
-
-def read_math(path: str | os.PathLike, split: str | None = None) -> list[Example]:
-    """MATH examples: prompt = the problem, answer = the `answer` field if present, else
-    the last \\boxed{...} of the solution."""
-    out = []
-    for where, record in read_records(path, split):
-        problem = _field(where, record, "problem", "MATH")
-        answer = record.get("answer")
-        if not isinstance(answer, str) or not answer.strip():
-            answer = last_boxed(_field(where, record, "solution", "MATH"))
-            if not answer:
-                raise ValueError(
-                    f"{where}: malformed MATH record (no answer, no \\boxed in solution)"
-                )
-        out.append(Example(prompt=problem, answer=answer.strip()))
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -485,7 +202,7 @@ class MathTask(Task):
         path = pathlib.Path(self.data_path)
         if split == "train" and self.test_path:
             return str(path), split, False
-        if _is_saved_dataset(path):
+        if is_saved_dataset(path):
             if (path / "dataset_dict.json").is_file():
                 return str(path), split, False
             return str(path), None, True
