@@ -1,0 +1,85 @@
+"""Tiny Hugging Face checkpoints for tests: a real tokenizer.json (the one the anthropic
+0.34 wheel ships, a 65,000-token byte-level BPE, used as test data only) with Qwen2.5's
+chat special tokens and chat template, and random replax params written in the Hugging
+Face layout by replax.hf.save_pretrained."""
+
+import importlib.util
+import json
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+QWEN25_TOKENIZER_CONFIG = {
+    "add_bos_token": False,
+    "add_prefix_space": False,
+    "bos_token": None,
+    "clean_up_tokenization_spaces": False,
+    "eos_token": "<|im_end|>",
+    "errors": "replace",
+    "model_max_length": 131072,
+    "pad_token": "<|endoftext|>",
+    "split_special_tokens": False,
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "unk_token": None,
+}
+
+
+def real_tokenizer_json() -> pathlib.Path:
+    spec = importlib.util.find_spec("anthropic")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the anthropic 0.34 wheel (its tokenizer.json) is not installed")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json"
+    if not path.is_file():
+        pytest.skip("this anthropic version ships no tokenizer.json (0.34.0 does)")
+    return path
+
+
+def write_qwen_style_tokenizer(directory: pathlib.Path) -> pathlib.Path:
+    """The real tokenizer.json with Qwen2.5's chat special tokens added, Qwen2.5's
+    tokenizer_config.json (chat template verbatim) and generation_config.json stop ids."""
+    import tokenizers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = tokenizers.Tokenizer.from_file(str(real_tokenizer_json()))
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.save(str(directory / "tokenizer.json"))
+    endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+    template = (DATA / "qwen2.5_chat_template.jinja").read_text()
+    config = {**QWEN25_TOKENIZER_CONFIG, "chat_template": template}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": endoftext, "eos_token_id": [im_end, endoftext]})
+    )
+    return directory
+
+
+def write_tiny_qwen25(directory: pathlib.Path, tokenizer_dir: pathlib.Path, seed: int = 0):
+    """A Qwen2.5-shaped checkpoint (151,936-row vocabulary, q/k/v biases, tied
+    embeddings) of a 1-layer, d_model 32 policy with random weights, and its tokenizer.
+    Returns its ModelConfig."""
+    from replax import hf
+    from replax import model as model_lib
+
+    config = model_lib.ModelConfig(
+        vocab_size=151_936,
+        num_layers=1,
+        d_model=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        mlp_dim=64,
+        max_len=512,
+        tie_embeddings=True,
+        qkv_bias=True,
+        rope_theta=1_000_000.0,
+    )
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    variables = model_lib.Transformer(config).init(jax.random.key(seed), dummy, dummy)
+    params = nn.unbox(variables)["params"]
+    hf.save_pretrained(str(directory), config, params, tokenizer_dir=str(tokenizer_dir))
+    return config
