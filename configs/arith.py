@@ -10,8 +10,9 @@ with dual clip 3 against the stored behaviour log-probs, Adam at a constant rate
 Buffer: FIFO ring buffer of N = 4096, the paper's positive-bias sampling (uniform over the
 freshest N/2 rollouts and the freshest N/2 correct ones), zero-advantage groups not stored.
 In the replay-vs-on-policy studies (docs/studies.md: x by y sweep, refinements, 3
-seeds) positive bias with a large buffer won; N = 4096 at lr 1e-4 ended above N = 1024 on every seed, at
-the same inference and cost ratios, and gained 9 points more on this run.
+seeds) positive bias with a large buffer won; N = 4096 at lr 1e-4 ended above N = 1024
+on every seed, at the same inference and cost ratios, and gained 9 points more on this
+run.
 Hardware: 2 CPU cores, or 8 simulated CPU devices (the mesh takes every device).
 Expected: about 3-6 minutes including compilation and warm start; held-out greedy
 accuracy up by more than 25 points over the warm start.

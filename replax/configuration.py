@@ -312,6 +312,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     try:
         tokenizer = make_tokenizer(config)
         task = make_task_from_config(config, tokenizer)
+        # A file-backed task reads its data here: a missing or malformed file is named
+        # now, not after the data build.
+        for split in ("train", "test"):
+            task.examples(split, 1, config.task.data_seed)
+        longest = {"prompt": task.max_prompt_chars(), "answer": task.max_answer_chars()}
         mcfg = model_config(config)
         loss_config(config)
         optimizer_config(config)
@@ -334,8 +339,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     # spends one token per character; BOS and EOS take one more each.
     if config.tokenizer.name == "byte":
         for chars, key, what, extra in (
-            (task.max_prompt_chars(), "rollout.max_prompt_len", "prompt", "BOS"),
-            (task.max_answer_chars(), "rollout.max_new_tokens", "answer", "EOS"),
+            (longest["prompt"], "rollout.max_prompt_len", "prompt", "BOS"),
+            (longest["answer"], "rollout.max_new_tokens", "answer", "EOS"),
         ):
             if chars is not None:
                 require(

@@ -1,0 +1,326 @@
+"""Shared parts of configs/gsm8k.py and configs/math.py: RL with experience replay on a
+real instruct model loaded from a local Hugging Face directory.
+
+A variant is a comma-separated list of at most one part of each kind, in any order:
+  model      qwen2.5-0.5b-instruct, qwen2.5-1.5b-instruct (default), qwen2.5-7b-instruct,
+             qwen3-0.6b, qwen3-1.7b, llama-3.2-1b-instruct
+  algorithm  replay (default): R fresh rollouts per step, batch B = 2R drawn from a FIFO
+             buffer of N = 8R (y = B/R = 2, x = N/R = 8), positive-bias sampling;
+             onpolicy: N = B = R = 2R_replay (each rollout trained on once), half the
+             steps, so both variants generate the same rollouts
+  hardware   host (default): one TPU host (v5e-8, or a Colab TPU), the policy and the
+             optimizer state sharded over all its chips (mesh (1, -1, 1));
+             pod: a pod slice, mesh (-1 data, fsdp, 1) with fsdp sized for the model,
+             R = 512 (replay) fresh rollouts per step
+e.g. `configs/gsm8k.py:qwen3-0.6b,onpolicy,pod`. Config files load this module by path
+(ml_collections loads them by path, so they are not a package).
+"""
+
+from typing import Any, NamedTuple
+
+import ml_collections
+from ml_collections import config_dict
+
+from replax.config_utils import ConfigError
+from replax.sharding import DEFAULT_RULES
+from replax.tasks import math as math_task
+
+
+class Model(NamedTuple):
+    """A named policy: its Hugging Face repository, architecture and RL settings."""
+
+    # The Hugging Face Hub repository whose snapshot model.checkpoint points to.
+    repo: str
+    # ModelConfig fields of the real architecture (its config.json); with a checkpoint the
+    # checkpoint's own config.json is used, these document it and serve shape checks.
+    architecture: dict[str, Any]
+    # Completions per prompt (the paper's G = 16; 8 keeps R small for small models).
+    group_size: int
+    # Adam's constant rate, the same for replay and on-policy.
+    learning_rate: float
+    # The fsdp size of the pod mesh: enough chips to hold params and Adam state.
+    pod_fsdp: int
+    # Appended to the task instruction (Qwen3's soft switch to turn thinking off).
+    instruction_suffix: str = ""
+
+
+def _qwen2(vocab, d_model, layers, heads, kv_heads, mlp, tie):
+    return dict(
+        vocab_size=vocab,
+        num_layers=layers,
+        d_model=d_model,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=d_model // heads,
+        mlp_dim=mlp,
+        tie_embeddings=tie,
+        qkv_bias=True,
+        qk_norm=False,
+        rope_theta=1_000_000.0,
+        rope_type="default",
+        norm_eps=1e-6,
+    )
+
+
+def _qwen3(d_model, layers, mlp):
+    return dict(
+        vocab_size=151_936,
+        num_layers=layers,
+        d_model=d_model,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=mlp,
+        tie_embeddings=True,
+        qkv_bias=False,
+        qk_norm=True,
+        rope_theta=1_000_000.0,
+        rope_type="default",
+        norm_eps=1e-6,
+    )
+
+
+_LLAMA_3_2_1B = dict(
+    vocab_size=128_256,
+    num_layers=16,
+    d_model=2048,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=64,
+    mlp_dim=8192,
+    tie_embeddings=True,
+    qkv_bias=False,
+    qk_norm=False,
+    rope_theta=500_000.0,
+    rope_type="llama3",
+    rope_factor=32.0,
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_original_max_len=8192,
+    norm_eps=1e-5,
+)
+
+# Qwen3 0.6B / 1.7B are hybrid thinking models; "/no_think" at the end of the user turn
+# makes them answer directly, which fits the completion lengths below.
+_NO_THINK = " /no_think"
+
+MODELS = {
+    "qwen2.5-0.5b-instruct": Model(
+        "Qwen/Qwen2.5-0.5B-Instruct", _qwen2(151_936, 896, 24, 14, 2, 4864, True), 8, 3e-6, 4
+    ),
+    "qwen2.5-1.5b-instruct": Model(
+        "Qwen/Qwen2.5-1.5B-Instruct", _qwen2(151_936, 1536, 28, 12, 2, 8960, True), 8, 2e-6, 8
+    ),
+    "qwen2.5-7b-instruct": Model(
+        "Qwen/Qwen2.5-7B-Instruct", _qwen2(152_064, 3584, 28, 28, 4, 18944, False), 16, 1e-6, 16
+    ),
+    "qwen3-0.6b": Model("Qwen/Qwen3-0.6B", _qwen3(1024, 28, 3072), 8, 3e-6, 4, _NO_THINK),
+    "qwen3-1.7b": Model("Qwen/Qwen3-1.7B", _qwen3(2048, 28, 6144), 8, 2e-6, 8, _NO_THINK),
+    "llama-3.2-1b-instruct": Model("meta-llama/Llama-3.2-1B-Instruct", _LLAMA_3_2_1B, 8, 2e-6, 8),
+}
+ALGORITHMS = ("replay", "onpolicy")
+HARDWARE = ("host", "pod")
+DEFAULTS = {"model": "qwen2.5-1.5b-instruct", "algorithm": "replay", "hardware": "host"}
+# Fresh rollouts per step of the replay variant, per hardware.
+_REPLAY_R = {"host": 128, "pod": 512}
+# Replay ratio y = B / R and staleness horizon x = N / R of the replay variant.
+REPLAY_Y, REPLAY_X = 2, 8
+
+
+def parse_variant(arg: str | None) -> dict[str, str]:
+    """'qwen3-0.6b,onpolicy,pod' -> {'model': ..., 'algorithm': ..., 'hardware': ...}."""
+    kinds = {"model": tuple(MODELS), "algorithm": ALGORITHMS, "hardware": HARDWARE}
+    chosen = dict(DEFAULTS)
+    seen = set()
+    for part in (arg or "").split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        kind = next((k for k, allowed in kinds.items() if part in allowed), None)
+        if kind is None:
+            allowed = "; ".join(f"{k} {', '.join(v)}" for k, v in kinds.items())
+            raise ConfigError(f"config variant part {part!r}: allowed are {allowed}")
+        if kind in seen:
+            raise ConfigError(
+                f"config variant {arg!r} names two {kind}s: allowed is one of {kinds[kind]}"
+            )
+        seen.add(kind)
+        chosen[kind] = part
+    return chosen
+
+
+def get_config(
+    task: str,
+    arg: str | None,
+    *,
+    max_prompt_len: int,
+    max_new_tokens: int,
+    host_steps: int,
+    pod_steps: int,
+) -> ml_collections.ConfigDict:
+    """The run's config for `task` ('gsm8k' or 'math') and variant `arg`; the lengths and
+    the replay variant's step counts (on-policy takes half) come from the task's file."""
+    variant = parse_variant(arg)
+    model = MODELS[variant["model"]]
+    onpolicy = variant["algorithm"] == "onpolicy"
+    pod = variant["hardware"] == "pod"
+    r = _REPLAY_R[variant["hardware"]]
+    steps = pod_steps if pod else host_steps
+    # Evaluate 10 times and checkpoint 5 times a run, whatever its length.
+    eval_every, checkpoint_every = steps // 10, steps // 5
+    if onpolicy:  # R = B: twice the fresh rollouts a step, half the steps, same rollouts
+        r, steps = REPLAY_Y * r, steps // 2
+        eval_every, checkpoint_every = eval_every // 2, checkpoint_every // 2
+
+    c = ml_collections.ConfigDict()
+    # Seed of everything random: the data order, sampling.
+    c.seed = 0
+    # RL steps (one optimizer step each).
+    c.total_steps = steps
+    # Generated-rollout budget; 0: the steps alone decide.
+    c.total_rollouts = 0
+
+    # The policy: model.architecture documents the named model; with model.checkpoint its
+    # config.json gives the architecture and only max_len, dtype, param_dtype apply.
+    c.model = ml_collections.ConfigDict()
+    for key, value in model.architecture.items():
+        c.model[key] = value
+    # Longest prompt + completion: the KV cache and positions (not the model's 32k+).
+    c.model.max_len = max_prompt_len + max_new_tokens
+    # Master weights and Adam state in float32; matmuls and activations in bfloat16.
+    c.model.param_dtype = "float32"
+    c.model.dtype = "bfloat16"
+    # Start from the weights of model.checkpoint, a local Hugging Face directory
+    # (config.json, *.safetensors, tokenizer files): a snapshot of the model's Hub
+    # repository (MODELS[name].repo), passed with --config.model.checkpoint=DIR.
+    c.model.init = "checkpoint"
+    c.model.checkpoint = ""
+
+    # The checkpoint's tokenizer.json, chat template and stop ids (tokenizer.path: another
+    # directory; empty means model.checkpoint).
+    c.tokenizer = ml_collections.ConfigDict()
+    c.tokenizer.name = "hf"
+    c.tokenizer.path = ""
+
+    # Device mesh (data, fsdp, tensor). Host: params, Adam state, batch and buffer split
+    # over every chip. Pod: fsdp chips hold one copy of the state, -1 copies take the rest.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.shape = (-1, model.pod_fsdp, 1) if pod else (1, -1, 1)
+    # Logical axis -> mesh axes (batch and buffer over data x fsdp, embed over fsdp).
+    c.mesh.rules = DEFAULT_RULES
+
+    # The task: local GSM8K / MATH data, prompts through the model's chat template.
+    c.task = ml_collections.ConfigDict()
+    c.task.name = task
+    # A JSONL or parquet file, a directory with train.jsonl / test.jsonl (or parquet),
+    # or a saved `datasets` DatasetDict (its train and test splits). Required.
+    c.task.data_path = config_dict.placeholder(str)
+    # Held-out file; unset: data_path's test split (or a hashed test_fraction of one file).
+    c.task.test_path = config_dict.placeholder(str)
+    c.task.test_fraction = 0.1
+    # 'instruct' (chat template; every model here is a chat model), 'base' or 'plain'.
+    c.task.prompt_format = "instruct"
+    # Unset: the chat template's default system turn (Qwen2.5: "You are Qwen, ...").
+    c.task.system_prompt = config_dict.placeholder(str)
+    # The instruction after the question; unset: the field's standard one (GSM8K: verl's
+    # 'output the final answer after "####"', MATH: Qwen2.5-Math's "\boxed{}").
+    instruction = math_task.GSM8K_INSTRUCTION if task == "gsm8k" else math_task.MATH_INSTRUCTION
+    if model.instruction_suffix:
+        c.task.instruction = instruction + model.instruction_suffix
+    else:
+        c.task.instruction = config_dict.placeholder(str)
+    # Few-shot exemplars of the 'base' format (unused by 'instruct').
+    c.task.num_shots = 4
+    # Examples of each split written to the dataset; 0: all of the file's.
+    c.task.num_train = 0
+    c.task.num_test = 0
+    c.task.data_seed = 0
+    # Where the tokenized dataset is built; empty means WORKDIR/data.
+    c.task.data_dir = ""
+
+    # Supervised warm start: unused (model.init='checkpoint'); kept for the config checks.
+    c.warmstart = ml_collections.ConfigDict()
+    c.warmstart.min_accuracy = 0.0
+    c.warmstart.max_accuracy = 1.0
+    c.warmstart.max_steps = 1
+    c.warmstart.batch_size = 8
+    c.warmstart.learning_rate = 1e-5
+    c.warmstart.eval_every = 1
+    c.warmstart.cache_dir = ""
+
+    # Rollouts: R = prompts_per_step x group_size fresh completions per step.
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.group_size = model.group_size
+    c.rollout.prompts_per_step = r // model.group_size
+    # Prompts are never truncated: a longer one stops the run with its text.
+    c.rollout.max_prompt_len = max_prompt_len
+    c.rollout.max_new_tokens = max_new_tokens
+    c.rollout.temperature = 1.0
+    c.rollout.top_k = 0
+    c.rollout.top_p = 1.0
+
+    # The learner: B rollouts drawn from the buffer each step.
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = r if onpolicy else REPLAY_Y * r
+
+    # Adam at a constant rate, no weight decay (the paper's optimizer).
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.learning_rate = model.learning_rate
+    c.optimizer.schedule = "constant"
+    c.optimizer.warmup_steps = 0
+    c.optimizer.weight_decay = 0.0
+    c.optimizer.grad_clip = 1.0
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+
+    # Replay store: FIFO ring buffer of capacity N, sharded like the batch.
+    c.replay = ml_collections.ConfigDict()
+    c.replay.mode = "fixed"
+    c.replay.capacity = r if onpolicy else REPLAY_X * r
+    # replay: the paper's positive-bias sampling; onpolicy: each rollout exactly once.
+    c.replay.strategy = "uniform_no_replacement" if onpolicy else "positive_bias"
+    c.replay.sample_mode = "local"
+    # positive_bias: the freshest (1 - delta) N rollouts and the freshest delta N correct.
+    c.replay.delta = 0.5
+    c.replay.recency_tau = 8.0
+    c.replay.priority_alpha = 0.6
+    c.replay.priority_beta = 0.4
+    # 0 disables the age / reuse limits.
+    c.replay.max_age = 0
+    c.replay.max_reuse = 0
+    # Groups whose rewards are all equal carry no signal: not stored (replay only).
+    c.replay.drop_zero_advantage = not onpolicy
+    # Auto mode's settings (replay.mode='auto' only).
+    c.replay.mu = 0.0
+    c.replay.auto_every = 10
+    c.replay.auto_max_y = 8.0
+    c.replay.auto_design = "long_run"
+
+    # PPO-clip 0.2 against the frozen behaviour log-probs, dual clip 3 (bounds the loss of
+    # stale rollouts with negative advantage), no KL, group-normalised advantages.
+    c.loss = ml_collections.ConfigDict()
+    c.loss.name = "ppo"
+    c.loss.epsilon_low = 0.2
+    c.loss.epsilon_high = 0.2
+    c.loss.dual_clip = 3.0
+    c.loss.rho_max = 2.0
+    c.loss.asymre_delta_v = -0.1
+    c.loss.m2po_tau = 0.04
+    c.loss.kl_coef = 0.0
+    c.loss.entropy_coef = 0.0
+    c.loss.aggregation = "token_mean"
+    c.loss.normalize_std = True
+
+    # Held-out evaluation: greedy pass@1 on the first num_prompts test problems, pass@k
+    # at temperature 1 on the first pass_k_prompts, token entropy.
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = eval_every
+    c.eval.num_prompts = 256
+    c.eval.pass_k = 8
+    c.eval.pass_k_prompts = 64
+
+    c.log_every = 1
+    c.checkpoint_every = checkpoint_every
+    # Checkpoints kept (the newest); an unreadable newest one falls back to the previous.
+    c.checkpoint_keep = 2
+    return c

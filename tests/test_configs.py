@@ -1,0 +1,276 @@
+"""Tests for configs/gsm8k.py and configs/math.py (and their helper configs/_real_models.py):
+every variant passes the config checks against a tiny stand-in checkpoint, the buffer
+sizes are what the variant says, the named models' architectures are the real ones, and
+bad variants are one line naming what is allowed."""
+
+import importlib.util
+import json
+import math
+import os
+import pathlib
+
+import jax
+import ml_collections
+import pytest
+import tokenizers
+from absl import flags
+from ml_collections import config_flags
+
+from replax import configuration, experiments
+from replax import model as model_lib
+from replax.config_utils import ConfigError
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+FILES = ("gsm8k", "math")
+_spec = importlib.util.spec_from_file_location(
+    "real_models_under_test", ROOT / "configs" / "_real_models.py"
+)
+real_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(real_models)
+MODELS = tuple(real_models.MODELS)
+VARIANTS = [
+    (name, f"{model},{algorithm},{hardware}")
+    for name in FILES
+    for model in MODELS
+    for algorithm in ("replay", "onpolicy")
+    for hardware in ("host", "pod")
+]
+# Parameter counts the model authors publish (Hugging Face model cards), in billions.
+PUBLISHED_PARAMS = {
+    "qwen2.5-0.5b-instruct": 0.49,
+    "qwen2.5-1.5b-instruct": 1.54,
+    "qwen2.5-7b-instruct": 7.61,
+    "qwen3-0.6b": 0.60,
+    "qwen3-1.7b": 1.72,
+    "llama-3.2-1b-instruct": 1.24,
+}
+
+
+def load(name, variant=None):
+    return experiments.load_config(str(ROOT / "configs" / f"{name}.py"), variant)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A stand-in Hugging Face directory: a tiny Qwen2 config.json (no weights: the config
+    checks read none) and a character-level tokenizer with Qwen2.5's chat template."""
+    directory = tmp_path_factory.mktemp("tiny_qwen")
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(specials + ["[UNK]"] + chars)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = tokenizers.decoders.Fuse()
+    tok.add_special_tokens(specials)
+    tok.save(str(directory / "tokenizer.json"))
+    template = (DATA / "qwen2.5_chat_template.jinja").read_text()
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": template,
+            }
+        )
+    )
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "model_type": "qwen2",
+                "vocab_size": 128,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "max_position_embeddings": 32768,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0,
+                "tie_word_embeddings": True,
+                "hidden_act": "silu",
+            }
+        )
+    )
+    return str(directory)
+
+
+def fit_mesh(c, devices=8):
+    """The variant's mesh shrunk to the simulated devices: fsdp and tensor cut to what
+    divides them, data takes the rest."""
+    _, fsdp, tensor = c.mesh.shape
+    fsdp = math.gcd(fsdp if fsdp > 0 else devices, devices)
+    tensor = math.gcd(tensor, devices // fsdp)
+    c.mesh.shape = (-1, fsdp, tensor)
+
+
+@pytest.mark.parametrize("name, variant", VARIANTS)
+def test_every_variant_passes_the_config_checks(name, variant, checkpoint):
+    c = load(name, variant)
+    assert c.model.init == "checkpoint" and c.model.checkpoint == ""
+    assert c.task.data_path is None  # the user's; MathTask says so when it is missing
+    c.model.checkpoint = checkpoint
+    c.task.data_path = str(DATA / f"{name}_tiny.jsonl")
+    if variant.endswith("pod"):
+        fit_mesh(c)
+    configuration.validate(c)
+
+    r = c.rollout.prompts_per_step * c.rollout.group_size
+    b, n = c.train.batch_size, c.replay.capacity
+    if "onpolicy" in variant:
+        assert n == b == r and c.replay.strategy == "uniform_no_replacement"
+    else:
+        assert r < b < n and c.replay.strategy == "positive_bias"
+        assert (b // r, n // r) == (2, 8)  # y = B / R, x = N / R
+    assert r >= (512 if variant.endswith("pod") else 64)
+    assert c.rollout.max_prompt_len + c.rollout.max_new_tokens == c.model.max_len
+    assert (c.model.dtype, c.model.param_dtype) == ("bfloat16", "float32")
+    assert c.eval.every > 0 and c.total_steps % c.eval.every == 0
+
+
+def test_replay_and_onpolicy_generate_the_same_rollouts():
+    for name in FILES:
+        for hardware in ("host", "pod"):
+            runs = [load(name, f"{a},{hardware}") for a in ("replay", "onpolicy")]
+            rollouts = [
+                c.total_steps * c.rollout.prompts_per_step * c.rollout.group_size for c in runs
+            ]
+            assert rollouts[0] == rollouts[1]
+
+
+def test_defaults_and_part_order():
+    for name in FILES:
+        default = load(name).to_dict()
+        assert default == load(name, "qwen2.5-1.5b-instruct,replay,host").to_dict()
+        assert load(name, " POD , qwen3-0.6b ").to_dict() == load(name, "qwen3-0.6b,pod").to_dict()
+    assert load("gsm8k").task.name == "gsm8k" and load("math").task.name == "math"
+    # Qwen3 is asked to answer without thinking; the others get the field's instruction.
+    assert load("math", "qwen3-1.7b").task.instruction.endswith("\\boxed{}. /no_think")
+    assert load("math").task.instruction is None
+
+
+@pytest.mark.parametrize(
+    "variant, words",
+    [
+        ("qwen9-1b", ["'qwen9-1b'", "qwen2.5-0.5b-instruct", "onpolicy", "pod"]),
+        ("replay,tpu", ["'tpu'", "host, pod"]),
+        ("replay,onpolicy", ["two algorithms", "'replay', 'onpolicy'"]),
+        ("qwen3-0.6b,qwen3-1.7b", ["two models"]),
+    ],
+)
+def test_unknown_variant_parts_are_one_line_naming_the_allowed(variant, words):
+    for name in FILES:
+        with pytest.raises(ConfigError) as error:
+            load(name, variant)
+        message = str(error.value)
+        assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_the_docstring_launch_command_names_the_file():
+    for name in FILES:
+        source = (ROOT / "configs" / f"{name}.py").read_text()
+        docstring = source.split('"""')[1]
+        assert f"python scripts/train.py --config=configs/{name}.py:" in docstring
+        assert "--config.model.checkpoint=" in docstring and "--config.task.data_path=" in docstring
+        for model in MODELS:
+            assert model in docstring
+
+
+def test_every_key_the_trainer_reads_is_there():
+    """Every key of the embedded default (configs/arith.py) except its task's own."""
+    arith = experiments.load_config(str(ROOT / "configs" / "arith.py"), None)
+
+    def keys(c, prefix=""):
+        out = set()
+        for k, v in c.items():
+            if isinstance(v, ml_collections.ConfigDict):
+                out |= keys(v, f"{prefix}{k}.")
+            else:
+                out.add(prefix + k)
+        return out
+
+    wanted = {k for k in keys(arith) if not k.startswith("task.")}
+    wanted |= {f"task.{k}" for k in configuration.TASK_DATA_KEYS}
+    for name in FILES:
+        for variant in ("replay,host", "onpolicy,pod"):
+            missing = wanted - keys(load(name, variant))
+            assert not missing, (name, variant, sorted(missing))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_architecture_keys_are_the_named_model(model, checkpoint):
+    """Without a checkpoint the model.* keys build the ModelConfig: it passes the checks
+    and has the published number of parameters."""
+    c = load("gsm8k", model)
+    c.model.init, c.model.checkpoint = "random", ""
+    c.tokenizer.path = checkpoint
+    c.task.data_path = str(DATA / "gsm8k_tiny.jsonl")
+    configuration.validate(c)
+    config = configuration.model_config(c)
+    tokens = jax.numpy.zeros((1, 8), "int32")
+    shapes = jax.eval_shape(
+        lambda: model_lib.Transformer(config).init(jax.random.key(0), tokens, tokens)
+    )
+    count = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    assert count / 1e9 == pytest.approx(PUBLISHED_PARAMS[model], rel=0.02)
+
+
+@pytest.mark.filterwarnings("ignore:the load_module")  # ml_collections' config loader
+def test_the_command_line_form_overrides_the_user_keys():
+    """`--config=configs/gsm8k.py:MODEL,onpolicy --config.task.data_path=...` as
+    scripts/train.py parses it (the unset paths take a string from the command line)."""
+    argv = [
+        "train",
+        f"--config={ROOT / 'configs' / 'gsm8k.py'}:qwen2.5-0.5b-instruct,onpolicy",
+        "--config.model.checkpoint=/ckpt",
+        "--config.task.data_path=/data/gsm8k",
+        "--config.task.system_prompt=Be brief.",
+    ]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+    values(argv)
+    c = values.config
+    assert (c.model.checkpoint, c.task.data_path, c.task.system_prompt) == (
+        "/ckpt",
+        "/data/gsm8k",
+        "Be brief.",
+    )
+    assert c.train.batch_size == c.replay.capacity == 256
+    assert os.path.basename(values["config"].config_filename).startswith("gsm8k.py:")
+
+
+def test_the_docstring_table_is_the_config():
+    """Each model's row of the docstring's table: G, lr, host and pod replay R / B / N and
+    the pod's fsdp, as the config has them."""
+    for name in FILES:
+        docstring = (ROOT / "configs" / f"{name}.py").read_text().split('"""')[1]
+        rows = {line.split()[0]: line for line in docstring.splitlines() if "|" in line}
+        for model in MODELS:
+            host, pod = load(name, f"{model},host"), load(name, f"{model},pod")
+
+            def rbn(c):
+                r = c.rollout.prompts_per_step * c.rollout.group_size
+                return f"{r} / {c.train.batch_size} / {c.replay.capacity}"
+
+            g = host.rollout.group_size
+            lr = f"{host.optimizer.learning_rate:.0e}".replace("e-0", "e-")  # 3e-6
+            expected = f"{model} {g} {lr} | {rbn(host)} | {rbn(pod)}, {pod.mesh.shape[1]}"
+            assert " ".join(rows[model].split()) == expected
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "math"])
+def test_missing_or_malformed_data_is_one_line_before_any_compute(name, checkpoint, tmp_path):
+    from replax.config_utils import ConfigError
+
+    c = load(name, "qwen2.5-0.5b-instruct")
+    c.model.checkpoint = checkpoint
+    with pytest.raises(ConfigError, match="task.data_path") as error:
+        configuration.validate(c)  # no data_path
+    assert "\n" not in str(error.value)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n{not json\n')
+    c.task.data_path = str(bad)
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
+        configuration.validate(c)
