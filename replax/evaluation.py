@@ -66,7 +66,7 @@ class Evaluator:
             max_prompt_len=max_prompt_len,
             max_new_tokens=max_new_tokens,
             stop_ids=tokenizer.stop_ids,
-            vocab_size=tokenizer.vocab_size,
+            vocab_size=tokenizer.sample_limit,
             pad_id=tokenizer.pad_id,
             mesh=mesh,
             rules=rules,

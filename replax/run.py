@@ -104,7 +104,7 @@ def build(config, workdir: str) -> Run:
         batch_sharding,
         temperature=config.rollout.temperature,
         half_batch_stats=schedule.half_batch_stats,
-        vocab_size=tokenizer.vocab_size if tokenizer.vocab_size < mcfg.vocab_size else None,
+        vocab_size=tokenizer.sample_limit,
     )
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
@@ -120,7 +120,7 @@ def build(config, workdir: str) -> Run:
     sampler = sampler_lib.make_sampler(
         mcfg,
         stop_ids=tokenizer.stop_ids,
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=tokenizer.sample_limit,
         pad_id=tokenizer.pad_id,
         mesh=mesh,
         rules=rules,

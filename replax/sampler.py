@@ -158,7 +158,7 @@ class _LoopState:
 def mask_vocab(logits, vocab_size: int | None):
     """logits [..., V] with the ids >= vocab_size (None: none) far below any other: their
     probability is exactly 0, and p log p stays finite (0, where -inf would give NaN)."""
-    if vocab_size is None:
+    if vocab_size is None or vocab_size >= logits.shape[-1]:
         return logits
     return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -1e9)
 

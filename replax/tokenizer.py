@@ -29,6 +29,10 @@ class Tokenizer(Protocol):
     eos_id: int  # the first of stop_ids: what a demonstration ends with
     stop_ids: tuple[int, ...]  # every id that ends a completion
     vocab_size: int  # every id is < vocab_size; a model's vocab must be at least this
+    # Model rows at or past this id are never sampled (None: every row may be). A
+    # pretrained checkpoint pads its vocabulary past the tokenizer's ids with rows that
+    # were never trained to stay unlikely.
+    sample_limit: int | None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without BOS/EOS."""
@@ -50,6 +54,9 @@ class ByteTokenizer:
     chat_template = None
     num_special = 3
     vocab_size = 256 + num_special
+    # A policy over bytes is trained from scratch, extra rows included: it learns never
+    # to emit them, and sampling keeps its whole vocabulary, as it always has.
+    sample_limit = None
 
     def encode(self, text: str) -> list[int]:
         return [b + self.num_special for b in text.encode("utf-8")]
@@ -134,6 +141,7 @@ class HFTokenizer:
             raise ValueError(f"{file}: not a tokenizers tokenizer.json ({e})") from None
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values(), default=-1) + 1
+        self.sample_limit = self.vocab_size
 
         self.config = _read_json(self.directory / "tokenizer_config.json")
         legacy_map = _read_json(self.directory / "special_tokens_map.json")

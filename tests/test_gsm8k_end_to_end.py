@@ -125,7 +125,7 @@ def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, devices
         stop_ids=tokenizer.stop_ids,
         pad_id=tokenizer.pad_id,
         temperature=0.0,
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=tokenizer.sample_limit,
     ).generate(params, ids, mask, jax.random.key(0))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     transformers.AutoTokenizer.from_pretrained(str(out))  # loads (its ids: tests/test_parity.py)
