@@ -21,7 +21,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
@@ -157,7 +156,7 @@ class RMSNorm(nn.Module):
         return (x32 * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
     """RoPE inverse frequencies float32[head_dim / 2], as transformers' ROPE_INIT_FUNCTIONS
     compute them (float32 arithmetic in the same order).
 
@@ -170,36 +169,37 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     where the frequencies are the unscaled ones; beyond it replax's are those transformers
     uses for a max_len-token sequence.
     """
-    dim = config.head_dim
-    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    dim, half = config.head_dim, config.head_dim // 2
     base = float(config.rope_theta)
     original = config.rope_original_max_len or config.max_len
     if config.rope_type == "dynamic":
         seq_len = max(config.max_len, original)
         scale = config.rope_factor * seq_len / original - (config.rope_factor - 1)
         base = base * scale ** (dim / (dim - 2))
-    inv_freq = (1.0 / (np.float32(base) ** exponents)).astype(np.float32)
+    # In the graph, as XLA computes float32 powers: the unscaled frequencies stay exactly
+    # those every earlier replax checkpoint was trained with.
+    inv_freq = 1.0 / (base ** (jnp.arange(half, dtype=jnp.float32) / half))
     if config.rope_type == "linear":
-        inv_freq = inv_freq / np.float32(config.rope_factor)
+        inv_freq = inv_freq / config.rope_factor
     elif config.rope_type == "llama3":
         factor, low, high = (
             config.rope_factor,
             config.rope_low_freq_factor,
             config.rope_high_freq_factor,
         )
-        wavelen = np.float32(2 * math.pi) / inv_freq
-        scaled = np.where(wavelen > original / low, inv_freq / np.float32(factor), inv_freq)
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > original / low, inv_freq / factor, inv_freq)
         smooth = (original / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < original / high) & ~(wavelen > original / low)
-        inv_freq = np.where(medium, smoothed, scaled)
-    return inv_freq.astype(np.float32)
+        inv_freq = jnp.where(medium, smoothed, scaled)
+    return inv_freq
 
 
 def rotary(x, positions, inv_freq):
     """Rotary position embedding (rotate-half form). x: [B, T, H, D], positions: [B, T],
     inv_freq: [D/2] (`rope_inv_freq`)."""
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
     sin = jnp.sin(angles)[:, :, None, :]  # [B, T, 1, D/2]
     cos = jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
