@@ -18,34 +18,27 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tests_module(name):
+    """A module of tests/ (its case lists are the table's rows)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tests", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The micro run of tests/test_trainer.py, two steps.
 MICRO = [
-    "--config.model.num_layers=1",
-    "--config.model.d_model=32",
-    "--config.model.num_heads=2",
-    "--config.model.num_kv_heads=1",
-    "--config.model.head_dim=16",
-    "--config.model.mlp_dim=64",
-    "--config.model.init=random",
-    "--config.task.num_train=64",
-    "--config.task.num_test=16",
-    "--config.rollout.prompts_per_step=2",
-    "--config.rollout.group_size=4",
-    "--config.train.batch_size=16",
-    "--config.replay.capacity=32",
-    "--config.eval.num_prompts=16",
-    "--config.eval.pass_k=2",
-    "--config.eval.pass_k_prompts=8",
+    *_tests_module("test_trainer").MICRO,
     "--config.total_steps=2",
     "--config.checkpoint_every=2",
 ]
 
 
 def _settings_rows():
-    spec = importlib.util.spec_from_file_location(
-        "test_configuration", os.path.join(ROOT, "tests", "test_configuration.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _tests_module("test_configuration")
     from replax import configuration
     from replax.config_utils import ConfigError
 

@@ -10,7 +10,6 @@ transformers. Print the measured figures with `pytest -s tests/test_parity.py`.
 """
 
 import dataclasses
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -22,6 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from checkpoints import real_tokenizer_json, write_qwen_style_tokenizer  # noqa: E402
 
 from replax import hf, sharding  # noqa: E402
 from replax import model as model_lib  # noqa: E402
@@ -309,54 +310,17 @@ STRINGS = [
 ]
 
 
-def _real_tokenizer_json() -> pathlib.Path:
-    spec = importlib.util.find_spec("anthropic")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the anthropic 0.34 wheel (its tokenizer.json) is not installed")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json"
-    if not path.is_file():
-        pytest.skip("this anthropic version ships no tokenizer.json (0.34.0 does)")
-    return path
-
-
-QWEN25_CONFIG = {
-    "add_bos_token": False,
-    "add_prefix_space": False,
-    "bos_token": None,
-    "clean_up_tokenization_spaces": False,
-    "eos_token": "<|im_end|>",
-    "errors": "replace",
-    "model_max_length": 131072,
-    "pad_token": "<|endoftext|>",
-    "split_special_tokens": False,
-    "tokenizer_class": "PreTrainedTokenizerFast",
-    "unk_token": None,
-}
-
-
 @pytest.fixture(scope="module")
 def qwen_style_dir(tmp_path_factory):
-    """The real tokenizer.json with Qwen2.5's chat special tokens added, and Qwen2.5's
-    tokenizer_config.json (chat template verbatim) and generation_config.json stop ids."""
-    tokenizers = pytest.importorskip("tokenizers")
-    directory = tmp_path_factory.mktemp("qwen_style")
-    tok = tokenizers.Tokenizer.from_file(str(_real_tokenizer_json()))
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok.save(str(directory / "tokenizer.json"))
-    endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
-    template = (DATA / "qwen2.5_chat_template.jinja").read_text()
-    config = {**QWEN25_CONFIG, "chat_template": template}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    (directory / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": endoftext, "eos_token_id": [im_end, endoftext]})
-    )
-    return directory
+    """The real tokenizer.json with Qwen2.5's chat special tokens, template and stop ids."""
+    pytest.importorskip("tokenizers")
+    return write_qwen_style_tokenizer(tmp_path_factory.mktemp("qwen_style"))
 
 
 def test_real_tokenizer_encode_decode_match_tokenizers_and_transformers(tmp_path):
     import tokenizers
 
-    source = _real_tokenizer_json()
+    source = real_tokenizer_json()
     shutil.copyfile(source, tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps(
@@ -440,7 +404,7 @@ def test_qwen25_special_ids_and_prompt_helper(qwen_style_dir):
 
 def test_template_helpers_match_transformers(tmp_path):
     """bos_token as a template variable, raise_exception, strftime_now and a .jinja file."""
-    shutil.copyfile(_real_tokenizer_json(), tmp_path / "tokenizer.json")
+    shutil.copyfile(real_tokenizer_json(), tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": "<SOS>", "eos_token": "<EOT>"})
     )
