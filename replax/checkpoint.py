@@ -14,65 +14,73 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
+from replax import sharding
 from replax.sharding import abstract_like
 
 CHECKSUMS = "checksums.json"
 
 
-def _files(step_dir: str) -> list[str]:
+def _files(step_dir: epath.Path) -> list[str]:
     out = []
-    for root, _, names in os.walk(step_dir):
-        out += [os.path.relpath(os.path.join(root, n), step_dir) for n in names]
+    for root, _, names in step_dir.walk():
+        out += [str((root / n).relative_to(step_dir)) for n in names]
     return sorted(name for name in out if name != CHECKSUMS)
 
 
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
+def _sha256(path: epath.Path) -> str:
+    with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_checksums(step_dir: str) -> None:
-    digests = {name: _sha256(os.path.join(step_dir, name)) for name in _files(step_dir)}
-    tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(digests, f, indent=0, sort_keys=True)
-    os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
+def write_checksums(step_dir) -> None:
+    step_dir = epath.Path(step_dir)
+    digests = {name: _sha256(step_dir / name) for name in _files(step_dir)}
+    tmp = step_dir / (CHECKSUMS + ".tmp")
+    tmp.write_text(json.dumps(digests, indent=0, sort_keys=True))
+    tmp.rename(step_dir / CHECKSUMS)
 
 
-def verify_checksums(step_dir: str) -> str | None:
+def verify_checksums(step_dir) -> str | None:
     """What is wrong with a checkpoint's files, or None when they match their checksums
     (or when it has none yet: a save the process did not live to seal)."""
-    path = os.path.join(step_dir, CHECKSUMS)
-    if not os.path.exists(path):
+    path = epath.Path(step_dir) / CHECKSUMS
+    if not path.exists():
         return None
     try:
-        with open(path) as f:
-            digests = json.load(f)
+        digests = json.loads(path.read_text())
     except (OSError, ValueError):
         return f"{CHECKSUMS} is unreadable"
     for name, digest in digests.items():
-        file = os.path.join(step_dir, name)
-        if not os.path.exists(file):
+        file = path.parent / name
+        if not file.exists():
             return f"{name} is missing"
         if _sha256(file) != digest:
             return f"{name} does not match its checksum"
     return None
 
 
-class Checkpointer:
-    """Steps saved under `directory`/<step>, the newest `max_to_keep` kept."""
+def _absolute(directory) -> epath.Path:
+    """A local directory made absolute; a URL (gs://...) as it is."""
+    path = epath.Path(directory)
+    return path if "://" in str(directory) else path.absolute()
 
-    def __init__(self, directory: str, *, max_to_keep: int = 2, asynchronous: bool = True):
-        self.directory = os.path.abspath(directory)
+
+class Checkpointer:
+    """Steps saved under `directory`/<step> (a local path or a gs:// URL), the newest
+    `max_to_keep` kept. With several processes every process takes part in each save and
+    restore, as orbax requires; process 0 alone seals, checks and sets aside."""
+
+    def __init__(self, directory, *, max_to_keep: int = 2, asynchronous: bool = True):
+        self.directory = _absolute(directory)
         self._unsealed: int | None = None  # the step saved last, not checksummed yet
         self.manager = ocp.CheckpointManager(
             self.directory,
@@ -112,8 +120,8 @@ class Checkpointer:
         if self._unsealed is None:
             return
         self.manager.wait_until_finished()
-        step_dir = os.path.join(self.directory, str(self._unsealed))
-        if jax.process_index() == 0 and os.path.isdir(step_dir):
+        step_dir = self.directory / str(self._unsealed)
+        if jax.process_index() == 0 and step_dir.is_dir():
             write_checksums(step_dir)
         self._unsealed = None
 
@@ -122,12 +130,20 @@ class Checkpointer:
     ):
         """The newest checkpoint that verifies and restores, as `restore` returns it, or
         None when there is none. Each bad one on the way is reported in one line and moved
-        to DIR_corrupt/STEP, so that the run does not meet it again."""
-        for step in sorted(self.manager.all_steps(), reverse=True):
-            problem = verify_checksums(os.path.join(self.directory, str(step)))
-            if problem is None:
+        to DIR_corrupt/STEP, so that the run does not meet it again. Every process
+        restores the step process 0 picks, and a step unreadable on any process is bad."""
+        while True:
+            # Process 0 picks the newest step left and checks its files; all restore it.
+            step, problem = max(self.manager.all_steps(), default=-1), None
+            if jax.process_index() == 0 and step >= 0:
+                problem = verify_checksums(self.directory / str(step))
+            picked = np.array([step, problem is not None], np.int32)
+            step, bad = (int(v) for v in sharding.from_process_zero(picked))
+            if step < 0:
+                return None
+            if not bad:
                 try:
-                    return self.restore(
+                    restored = self.restore(
                         step,
                         train_state=train_state,
                         replay_state=replay_state,
@@ -135,17 +151,21 @@ class Checkpointer:
                     )
                 except Exception as e:  # noqa: BLE001 - any unreadable part: fall back
                     first = (str(e).strip().splitlines() or [""])[0][:200]
-                    problem = f"cannot be restored ({type(e).__name__}: {first})"
+                    problem, restored = f"cannot be restored ({type(e).__name__}: {first})", None
+                if not sharding.any_process(restored is None):
+                    return restored
             aside = self._set_aside(step)
+            problem = problem or "cannot be restored on another process"
             log(f"checkpoint {step} {problem}: moved to {aside}, using an earlier one")
-        return None
 
-    def _set_aside(self, step: int) -> str:
-        aside = os.path.join(self.directory + "_corrupt", str(step))
+    def _set_aside(self, step: int) -> epath.Path:
+        aside = epath.Path(str(self.directory) + "_corrupt") / str(step)
         if jax.process_index() == 0:
-            os.makedirs(os.path.dirname(aside), exist_ok=True)
-            shutil.rmtree(aside, ignore_errors=True)
-            shutil.move(os.path.join(self.directory, str(step)), aside)
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            if aside.exists():
+                aside.rmtree()
+            (self.directory / str(step)).rename(aside)
+        sharding.barrier(f"replax checkpoint {step} set aside")
         self.manager.reload()
         return aside
 

@@ -186,6 +186,16 @@ def data_shards(config, num_devices: int | None = None) -> int:
     return int(np.prod([shape[sharding.MESH_AXES.index(a)] for a in ("data", "fsdp")]))
 
 
+def logical_shards(config, logical: str, num_devices: int | None = None) -> int:
+    """How many ways mesh.rules split a logical axis (e.g. heads over tensor)."""
+    shape = sharding.validate_mesh_shape(
+        config.mesh.shape, jax.device_count() if num_devices is None else num_devices
+    )
+    spec = sharding.logical_to_spec((logical,), sharding.validate_rules(config.mesh.rules))[0]
+    names = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
+    return int(np.prod([shape[sharding.MESH_AXES.index(n)] for n in names]))
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Every check that can fail on configuration alone, before any compute."""
     # Sizes and counts.
@@ -348,6 +358,25 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     f"{key}={config.rollout[key.split('.')[1]]} is shorter than the task's "
                     f"longest {what} ({chars + 1} tokens with {extra})",
                 )
+
+    # Attention heads split over the tensor axis; each process reads its own block of
+    # every batch of prompts.
+    for key, value, logical in (
+        ("model.num_heads", mcfg.num_heads, "heads"),
+        ("model.num_kv_heads", mcfg.num_kv_heads, "kv_heads"),
+    ):
+        split = logical_shards(config, logical)
+        require(
+            value % split == 0,
+            f"{key}={value} is not divisible by the {split} shards of '{logical}' on "
+            f"mesh.shape={tuple(config.mesh.shape)}: use a multiple of {split} or a smaller "
+            "tensor axis",
+        )
+    require(
+        config.rollout.prompts_per_step % jax.process_count() == 0,
+        f"rollout.prompts_per_step={config.rollout.prompts_per_step} is not divisible by the "
+        f"{jax.process_count()} processes: each process reads as many prompts",
+    )
 
     # Every batch splits over the data shards. The pass@k evaluation samples pass_k
     # completions of its first pass_k_prompts prompts.

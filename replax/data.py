@@ -20,10 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import grain
+import jax
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
+from replax import sharding
+from replax.config_utils import ConfigError
 from replax.tasks import Task
 from replax.tokenizer import Tokenizer, encode_prompts
 
@@ -93,9 +96,24 @@ class ReplaxTask(tfds.core.GeneratorBasedBuilder):
 def prepare_task_data(
     data_dir: str | pathlib.Path, task: Task, *, num_train: int, num_test: int, seed: int = 0
 ) -> ReplaxTask:
-    """Writes (once) and returns the task's dataset under data_dir."""
+    """Writes (once) and returns the task's dataset under data_dir.
+
+    With several processes, process 0 writes it while the others wait; they then read
+    what it wrote (or, on a disk of their own, write their own copy)."""
     config = task_data_config(task, num_train=num_train, num_test=num_test, seed=seed)
-    builder = ReplaxTask(data_dir=str(data_dir), config=config, file_format=FILE_FORMAT)
+    make = lambda: ReplaxTask(data_dir=str(data_dir), config=config, file_format=FILE_FORMAT)
+    if jax.process_index() == 0:
+        try:
+            builder = make()
+            builder.download_and_prepare()
+        except BaseException:
+            sharding.from_process_zero(np.int32(1))  # the others stop too
+            raise
+        sharding.from_process_zero(np.int32(0))  # the others wait for this
+        return builder
+    if sharding.from_process_zero(np.int32(0)):
+        raise ConfigError(f"process 0 could not prepare the data in {data_dir}: see its output")
+    builder = make()  # made now: a builder reads what is on disk when it is made
     builder.download_and_prepare()
     return builder
 
@@ -117,6 +135,7 @@ def prompt_dataset(
     shuffle: bool = True,
     repeat: bool = True,
     drop_remainder: bool = True,
+    block: tuple[int, int] = (0, 1),
 ) -> grain.MapDataset:
     """Batches of tokenized prompts from a random-access source of {"prompt", "answer"}.
 
@@ -126,6 +145,8 @@ def prompt_dataset(
       answer       str[B]       reference answers (numpy unicode)
       index        int64[B]     record index in `source`
     With shuffle, each epoch is a fresh permutation determined by `seed`.
+    block=(i, n): each batch is the i-th of n equal blocks of rows of the global batch of
+    batch_size, so that n processes each read their own block of the same global order.
     `iter(dataset)` is checkpointable: `get_state()` / `set_state(state)` (a small
     JSON-able dict), or `grain.checkpoint.CheckpointSave/CheckpointRestore` in orbax.
     Raises ValueError (at iteration) for a prompt longer than max_prompt_len.
@@ -135,6 +156,9 @@ def prompt_dataset(
         raise ValueError("prompt_dataset: the source is empty")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    index, count = block
+    if batch_size % count or not 0 <= index < count:
+        raise ValueError(f"block={block}: batch_size={batch_size} has no block {index} of {count}")
 
     def tokenize(index: int, record: dict[str, Any]) -> dict[str, np.ndarray]:
         ids, mask = encode_prompts(tokenizer, [_text(record["prompt"])], max_prompt_len)
@@ -151,7 +175,10 @@ def prompt_dataset(
         dataset = dataset.shuffle(seed=seed)
     if repeat:
         dataset = dataset.repeat()  # a new permutation each epoch
-    return dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if count == 1:
+        return dataset.batch(batch_size, drop_remainder=drop_remainder)
+    # Global batch k is blocks [k n, (k + 1) n) of the rows cut in blocks.
+    return dataset.batch(batch_size // count, drop_remainder=drop_remainder)[index::count]
 
 
 def eval_examples(source: Sequence[dict[str, Any]], num: int) -> list[tuple[str, str]]:

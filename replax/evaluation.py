@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from replax import sampler as sampler_lib
+from replax import sharding
 from replax import tokenizer as tokenizer_lib
 from replax.tasks import Example, Task
 
@@ -61,6 +63,7 @@ class Evaluator:
             tokenizer, [e.prompt for e in self.examples], max_prompt_len
         )
         self.pass_k = pass_k
+        self.mesh, self.rules = mesh, sharding.validate_rules(rules or sharding.DEFAULT_RULES)
         self.pass_k_prompts = min(pass_k_prompts, len(self.examples))
         common = dict(
             max_prompt_len=max_prompt_len,
@@ -76,8 +79,7 @@ class Evaluator:
 
     def accuracy(self, params, rng) -> float:
         out = self.greedy.generate(params, self.prompt_ids, self.prompt_mask, rng)
-        rewards, _ = score(self.task, self.tokenizer, np.asarray(out.tokens), self.answers)
-        return float(rewards.mean())
+        return float(self._rewards(out, self.answers).mean())
 
     def __call__(self, params, rng) -> dict[str, float]:
         metrics = {"eval_accuracy": self.accuracy(params, rng)}
@@ -86,17 +88,22 @@ class Evaluator:
             ids = np.repeat(self.prompt_ids[:p], k, axis=0)
             mask = np.repeat(self.prompt_mask[:p], k, axis=0)
             out = self.sample.generate(params, ids, mask, rng)
-            rewards, _ = score(
-                self.task,
-                self.tokenizer,
-                np.asarray(out.tokens),
-                np.repeat(np.asarray(self.answers[:p], dtype=object), k),
-            )
+            rewards = self._rewards(out, np.repeat(np.asarray(self.answers[:p], dtype=object), k))
             correct = rewards.reshape(p, k).sum(axis=1)
             metrics[f"eval_pass_at_{k}"] = float(pass_at_k(k, correct, k).mean())
             metrics["eval_pass_at_k"] = metrics[f"eval_pass_at_{k}"]
             # Mean per-token entropy of the policy at temperature 1, estimated by the
             # mean negative log-probability of its own samples.
-            mask_out = np.asarray(out.mask, bool)
-            metrics["entropy"] = float(-np.asarray(out.logprobs)[mask_out].mean())
+            mask_out = sharding.to_host(out.mask).astype(bool)
+            metrics["entropy"] = float(-sharding.to_host(out.logprobs)[mask_out].mean())
         return metrics
+
+    def _rewards(self, out: sampler_lib.SampleOutput, answers) -> np.ndarray:
+        """Rewards of all rows of a sampler output: each process scores the completions
+        its devices hold, and every process gets all of them."""
+        if self.mesh is None or jax.process_count() == 1:
+            return score(self.task, self.tokenizer, np.asarray(out.tokens), answers)[0]
+        rows = sharding.named(self.mesh, ("batch",), self.rules)
+        mine = sharding.process_rows(rows, out.lengths.shape)
+        local = score(self.task, self.tokenizer, sharding.local_rows(out.tokens), answers[mine])
+        return sharding.to_host(sharding.global_batch(local[0], rows, len(answers)))

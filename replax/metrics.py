@@ -26,10 +26,14 @@ def _to_python(value):
 
 class MetricsWriter:
     """Appends one JSON object per logged step to DIR/metrics.jsonl and mirrors the
-    scalars to TensorBoard (DIR/tensorboard) when tensorboardX is installed."""
+    scalars to TensorBoard (DIR/tensorboard) when tensorboardX is installed. A writer
+    that is not `enabled` (on processes other than 0) writes nothing."""
 
-    def __init__(self, workdir: str, *, resume_step: int = -1):
+    def __init__(self, workdir: str, *, resume_step: int = -1, enabled: bool = True):
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self._file = self._tb = None
+        if not enabled:
+            return
         # A resumed run rewrites history after its checkpoint: drop the records of
         # steps past it, and a last line cut short by a kill, so the file reads as one
         # uninterrupted run.
@@ -38,7 +42,6 @@ class MetricsWriter:
             with open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
         self._file = open(self.path, "a")
-        self._tb = None
         try:
             from tensorboardX import SummaryWriter
 
@@ -47,6 +50,8 @@ class MetricsWriter:
             pass
 
     def write(self, step: int, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
         record = {"step": int(step), **{k: _to_python(v) for k, v in record.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -56,7 +61,8 @@ class MetricsWriter:
                     self._tb.add_scalar(key, value, step)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 
@@ -107,12 +113,14 @@ class ComputeAccount:
 class ProgressBar:
     """One-line terminal progress: step, reward, accuracy, tokens/s and ETA."""
 
-    def __init__(self, total_steps: int, start_step: int = 0, stream=sys.stderr):
+    def __init__(
+        self, total_steps: int, start_step: int = 0, stream=sys.stderr, enabled: bool = True
+    ):
         self.total = total_steps
         self.start_step = start_step
         self.t0 = time.time()
         self.stream = stream
-        self.enabled = stream.isatty()
+        self.enabled = enabled and stream.isatty()
         self.last_accuracy = None
         self.last_reward = 0.0
 

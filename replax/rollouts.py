@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replax import evaluation, objectives
+from replax import evaluation, objectives, sharding
 from replax import replay as replay_lib
 
 # Per-rollout fields the sampler adds to a stored rollout when it is drawn for training:
@@ -60,39 +60,70 @@ def batch_spec(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]
 
 @dataclasses.dataclass
 class Fresh:
-    """One step's completions on the host side, scored: R = prompts x G rows."""
+    """One step's completions, scored: R = prompts x G rows. With several processes the
+    arrays are global, each process holding (and having scored) its own rows."""
 
     prompt_ids: Any  # int32[R, P]
     prompt_mask: Any  # bool[R, P]
     completion: dict[str, Any]  # tokens int32[R, T], mask bool[R, T], logprobs f32[R, T]
-    rewards: np.ndarray  # float32[R]
-    reward_errors: int
-    lengths: np.ndarray | None  # int[R] completion lengths; None: nothing generated
+    rewards: Any  # float32[R]
+    reward_mean: float | None  # over all R; None: nothing generated
+    reward_errors: int  # reward functions that raised, on all processes
+    lengths: np.ndarray | None  # int[R] completion lengths, all of them; None: nothing generated
 
 
 def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Fresh:
     """G completions of each prompt of a batch (prompt_ids, prompt_mask, answer) with the
-    jitted sampler, scored by the task on the host: the step's one round trip."""
-    prompt_ids = np.repeat(prompts["prompt_ids"], group_size, axis=0)
+    jitted sampler, scored by the task on the host: the step's one round trip.
+
+    With several processes, `prompts` is this process's block of the global batch
+    (`process_rows` of the sampler's batch sharding); each process decodes and scores
+    the completions its devices hold."""
+    prompt_ids = np.repeat(prompts["prompt_ids"], group_size, axis=0)  # [R_local, P]
     prompt_mask = np.repeat(prompts["prompt_mask"], group_size, axis=0)
+    table = rows = None
+    r = len(prompt_ids)  # R, once multiplied by the number of blocks of rows
+    if sampler.mesh is not None:
+        table = sharding.named(sampler.mesh, ("batch", None), sampler.rules)
+        rows = sharding.named(sampler.mesh, ("batch",), sampler.rules)
+        r *= sharding.process_block(rows)[1]
+    prompt_ids = sharding.global_batch(prompt_ids, table, r)
+    prompt_mask = sharding.global_batch(prompt_mask, table, r)
     out = sampler.generate(params, prompt_ids, prompt_mask, rng)
     answers = np.repeat(prompts["answer"], group_size)
-    rewards, errors = evaluation.score(task, tokenizer, np.asarray(out.tokens), answers)
+    rewards, errors = evaluation.score(task, tokenizer, sharding.local_rows(out.tokens), answers)
+    rewards = sharding.global_batch(rewards, rows, r)
     completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
-    return Fresh(prompt_ids, prompt_mask, completion, rewards, errors, np.asarray(out.lengths))
+    return Fresh(
+        prompt_ids,
+        prompt_mask,
+        completion,
+        rewards,
+        float(sharding.to_host(rewards).mean()),
+        sharding.sum_over_processes(errors),
+        sharding.to_host(out.lengths),
+    )
 
 
-def nothing_generated(r: int, prompt_len: int, new_tokens: int) -> Fresh:
+def nothing_generated(r: int, prompt_len: int, new_tokens: int, mesh=None, rules=None) -> Fresh:
     """Zeros of a generating step's shapes: what a step without generation feeds
-    add_and_sample, which stores none of it."""
-    zeros = lambda n, dtype: np.zeros((r, n), dtype)
+    add_and_sample, which stores none of it (global arrays on a mesh of several
+    processes)."""
+
+    def zeros(shape, dtype):
+        whole = np.zeros(shape, dtype)
+        if mesh is None:
+            return whole
+        axes = ("batch",) + (None,) * (len(shape) - 1)
+        return sharding.global_from_whole(whole, sharding.named(mesh, axes, rules))
+
     completion = {
-        "tokens": zeros(new_tokens, np.int32),
-        "mask": zeros(new_tokens, bool),
-        "logprobs": zeros(new_tokens, np.float32),
+        "tokens": zeros((r, new_tokens), np.int32),
+        "mask": zeros((r, new_tokens), bool),
+        "logprobs": zeros((r, new_tokens), np.float32),
     }
-    rewards = np.zeros(r, np.float32)
-    return Fresh(zeros(prompt_len, np.int32), zeros(prompt_len, bool), completion, rewards, 0, None)
+    prompt_ids, prompt_mask = zeros((r, prompt_len), np.int32), zeros((r, prompt_len), bool)
+    return Fresh(prompt_ids, prompt_mask, completion, zeros((r,), np.float32), None, 0, None)
 
 
 def make_rollouts(

@@ -67,9 +67,10 @@ class Data:
 
 
 def build(config, workdir: str) -> Run:
-    """Constructs a run's parts from a validated config; reads and writes nothing."""
-    cfg.validate(config)
+    """Constructs a run's parts from a validated config; reads and writes nothing.
+    On a multi-process launch it first joins the other processes (jax.distributed)."""
     sharding.maybe_initialize_distributed()
+    cfg.validate(config)
     rules = sharding.validate_rules(config.mesh.rules)
     mesh = sharding.make_mesh(config.mesh.shape)
     mcfg = cfg.model_config(config)
@@ -147,7 +148,9 @@ def build(config, workdir: str) -> Run:
 
 def prepare_data(run: Run) -> Data:
     """Builds (once, cached under task.data_dir or WORKDIR/data) the task's dataset and
-    returns the prompt stream and the held-out evaluator on its first test prompts."""
+    returns the prompt stream and the held-out evaluator on its first test prompts.
+    With several processes, each one's stream holds its own block of every global batch
+    of prompts: the prompts of the rollouts its devices hold."""
     c = run.config
     tfds.disable_progress_bar()
     builder = data_lib.prepare_task_data(
@@ -171,6 +174,7 @@ def prepare_data(run: Run) -> Data:
         max_prompt_len=c.rollout.max_prompt_len,
         batch_size=c.rollout.prompts_per_step,
         seed=c.seed,
+        block=sharding.process_block(sharding.named(run.mesh, ("batch",), run.rules)),
     )
     pairs = data_lib.eval_examples(test, c.eval.num_prompts)
     evaluator = evaluation.Evaluator(

@@ -2,9 +2,9 @@
 
 - `check_workdir`: the workdir can be a run's directory (not a file, writable), before
   anything is written.
-- `WorkdirLock`: one process per workdir; a second one is refused with the holder's
+- `WorkdirLock`: one run per workdir; a second one is refused with the holder's
   process id, and a lock whose holder died is taken over (the kernel drops an flock with
-  its process).
+  its process). A run of several processes is one run: process 0 holds the lock.
 - `check_resume_config`: a workdir that holds a checkpoint belongs to one configuration;
   resuming it with settings that change what the checkpoint means is refused, naming
   the keys. Settings of how long and how often (total_steps, eval, logging) may change.
@@ -23,6 +23,10 @@ import signal
 import tempfile
 from typing import Any
 
+import jax
+import numpy as np
+
+from replax import sharding
 from replax.config_utils import ConfigError
 
 # Exit status of a run stopped by SIGTERM / SIGINT after it checkpointed: run the same
@@ -62,13 +66,27 @@ def check_workdir(workdir: str) -> None:
 
 
 class WorkdirLock:
-    """An exclusive lock on workdir/.lock for the life of a run."""
+    """An exclusive lock on workdir/.lock for the life of a run, held by process 0 (with
+    several processes the others stop with it when it is refused)."""
 
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, ".lock")
         self._file = None
 
     def acquire(self) -> WorkdirLock:
+        refused = None
+        if jax.process_index() == 0:
+            try:
+                self._acquire()
+            except Exception as e:  # noqa: BLE001 - re-raised once every process knows
+                refused = e
+        if sharding.from_process_zero(np.int32(refused is not None)) and refused is None:
+            raise ConfigError(f"--workdir={os.path.dirname(self.path)}: process 0 stopped")
+        if refused is not None:
+            raise refused
+        return self
+
+    def _acquire(self) -> None:
         handle = open(self.path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,7 +105,6 @@ class WorkdirLock:
         handle.write(str(os.getpid()))
         handle.flush()
         self._file = handle
-        return self
 
     def release(self) -> None:
         if self._file is not None:
@@ -147,7 +164,10 @@ def check_resume_config(workdir: str, config: dict[str, Any], has_checkpoint: bo
 
 
 def record_run_config(workdir: str, config: dict[str, Any]) -> None:
-    """Writes workdir/config.json (atomically): the config the run's checkpoints mean."""
+    """Writes workdir/config.json (atomically, on process 0): the config the run's
+    checkpoints mean."""
+    if jax.process_index() != 0:
+        return
     path = os.path.join(workdir, RUN_CONFIG_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

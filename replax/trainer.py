@@ -20,8 +20,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from replax import auto_replay, rollouts, runtime, schedules
+from replax import auto_replay, rollouts, runtime, schedules, sharding
 from replax import checkpoint as checkpoint_lib
 from replax import flops as flops_lib
 from replax import metrics as metrics_lib
@@ -36,6 +37,8 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
     runtime.Preempted after checkpointing when SIGTERM or SIGINT stopped the run."""
     runtime.check_workdir(workdir)
     run = build(config, workdir)
+    if jax.process_index() != 0:  # with several processes, process 0 alone reports
+        log = _silent
     ckpt_dir = os.path.join(workdir, "checkpoints")
     has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
     runtime.check_resume_config(workdir, config.to_dict(), has_checkpoint)
@@ -121,10 +124,15 @@ def run_loop(
     if loop.base_accuracy is None:
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
-    writer = metrics_lib.MetricsWriter(run.workdir, resume_step=loop.step)
-    bar = metrics_lib.ProgressBar(c.total_steps, loop.step)
+    primary = jax.process_index() == 0
+    writer = metrics_lib.MetricsWriter(run.workdir, resume_step=loop.step, enabled=primary)
+    bar = metrics_lib.ProgressBar(c.total_steps, loop.step, enabled=primary)
     idle = rollouts.nothing_generated(
-        run.rollouts_per_step, c.rollout.max_prompt_len, c.rollout.max_new_tokens
+        run.rollouts_per_step,
+        c.rollout.max_prompt_len,
+        c.rollout.max_new_tokens,
+        run.mesh,
+        run.rules,
     )
     base_key, record, stopping = jax.random.key(c.seed), {}, False
     t_start = time.time() - loop.wall_s
@@ -165,7 +173,8 @@ def run_loop(
         step_metrics, stats = jax.device_get((step_metrics, stats))
         train_s = time.time() - t1
         loop.skipped_steps += int(step_metrics.pop("skipped"))
-        # ACCOUNTING AND METRICS
+        # ACCOUNTING AND METRICS, in process 0's seconds (auto replay plans by them)
+        gen_s, train_s = (float(t) for t in sharding.from_process_zero(np.array([gen_s, train_s])))
         _account(account, run, fresh.lengths, gen_s, train_s)
         kept = int(stats["rollouts_kept"]) if generated else None
         schedule.observe(
@@ -176,7 +185,7 @@ def run_loop(
             **account.as_dict(),
             "mu_measured": account.mu_measured(),
             # A step that generates nothing has no reward to report.
-            "reward_mean": float(fresh.rewards.mean()) if generated else None,
+            "reward_mean": fresh.reward_mean,
             "reward_errors": fresh.reward_errors,
             "skipped_steps": loop.skipped_steps,
             **stats,
@@ -192,9 +201,8 @@ def run_loop(
         tokens_per_s = account.gen_tokens / max(account.gen_s, 1e-9)
         bar.update(loop.step, record["reward_mean"], tokens_per_s, record.get("eval_accuracy"))
         # CHECKPOINT, also when asked to stop (every process agrees on the step)
-        stopping = (stop is not None and stop.requested) or checkpointer.reached_preemption(
-            loop.step
-        )
+        asked = sharding.any_process(stop is not None and stop.requested)
+        stopping = asked or checkpointer.reached_preemption(loop.step)
         saving = loop.step % c.checkpoint_every == 0 or last or stopping
         if saving and not train_step_lib.all_finite(train_state):
             log(f"step {loop.step}: the train state is not finite; no checkpoint written")
@@ -222,6 +230,10 @@ def run_loop(
         "wall_s": time.time() - t_start,
         **account.as_dict(),
     }
+
+
+def _silent(*args, **kwargs) -> None:
+    del args, kwargs
 
 
 def _account(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 
 import jax
@@ -22,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from replax import model as model_lib
 from replax import sharding
@@ -115,19 +115,21 @@ def warm_start(
     key: str,
     log=print,
 ):
-    """Returns (params, info) with info = {'base_accuracy', 'sft_steps', 'cached', ...}."""
-    path = os.path.join(os.path.abspath(cache_dir), key)
-    info_path = os.path.join(path, "info.json")
+    """Returns (params, info) with info = {'base_accuracy', 'sft_steps', 'cached', ...}.
+
+    With several processes every process trains (on the same batches) and takes part in
+    saving and restoring; process 0 decides whether the cache is there and writes info."""
+    path = epath.Path(cache_dir) / key
+    if "://" not in str(cache_dir):
+        path = path.absolute()
+    info_path = path / "info.json"
     optimizer = optax.adam(config.learning_rate)
     rng = jax.random.key(seed)
     state, shardings = train_step_lib.init_train_state(model, optimizer, rng, mesh, rules)
     checkpointer = ocp.StandardCheckpointer()
-    if os.path.exists(info_path):
-        with open(info_path) as f:
-            info = json.load(f)
-        params = checkpointer.restore(
-            os.path.join(path, "params"), sharding.abstract_like(state.params)
-        )
+    if sharding.from_process_zero(np.int32(info_path.exists())):
+        info = json.loads(info_path.read_text())
+        params = checkpointer.restore(path / "params", sharding.abstract_like(state.params))
         log(f"warm start: reusing {path} (base accuracy {info['base_accuracy']:.3f})")
         return params, {**info, "cached": True}
 
@@ -136,7 +138,7 @@ def warm_start(
     data_rng = np.random.default_rng(seed)
     pool = task.examples("train", 20_000, seed=seed)
     lr_scale, eval_every = 1.0, config.eval_every
-    below = (jax.device_get(state.params), 0.0)  # last parameters below the window
+    below = (_copy(state.params), 0.0)  # last parameters below the window
     accuracy, steps = 0.0, 0
     while steps < config.max_steps:
         for _ in range(eval_every):
@@ -166,15 +168,21 @@ def warm_start(
                 model, optax.adam(config.learning_rate * lr_scale), mesh, rules, shardings
             )
         else:
-            below = (jax.device_get(state.params), accuracy)
+            below = (_copy(state.params), accuracy)
     info = {
         "base_accuracy": accuracy,
         "sft_steps": steps,
         "sft_s": time.time() - t0,
         "in_window": bool(config.min_accuracy <= accuracy <= config.max_accuracy),
     }
-    checkpointer.save(os.path.join(path, "params"), state.params, force=True)
+    checkpointer.save(path / "params", state.params, force=True)
     checkpointer.wait_until_finished()
-    with open(info_path, "w") as f:
-        json.dump(info, f)
+    if jax.process_index() == 0:
+        info_path.write_text(json.dumps(info))
     return state.params, {**info, "cached": False}
+
+
+def _copy(params):
+    """A copy on the devices that outlives the state it came from (the SFT step donates
+    it); a host copy would not hold the parts other processes' devices have."""
+    return jax.tree.map(jnp.copy, params)

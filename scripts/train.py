@@ -9,6 +9,12 @@ Bad configuration exits with status 2 and one line on stderr naming the key, bef
 anything is written to the workdir. Running again with the same workdir resumes.
 SIGTERM or SIGINT: the current step finishes, its checkpoint is written, and the script
 exits with status 3; the same command continues the run exactly.
+
+Several processes (one per host, docs/multihost.md): start the same command on each.
+On a Cloud TPU pod slice or under SLURM nothing more is needed; elsewhere set
+JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES and JAX_PROCESS_ID, or pass
+--coordinator_address, --num_processes and --process_id. Process 0 alone writes
+metrics.jsonl and TensorBoard and prints; every process writes its part of checkpoints.
 """
 
 import os
@@ -25,6 +31,15 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string(
     "workdir", os.path.join(_ROOT, "runs", "arith"), "Directory for metrics, checkpoints, data."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Several processes: host:port of process 0 (else from env)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Several processes: how many (else JAX_NUM_PROCESSES or detected)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "Several processes: this one's index (else JAX_PROCESS_ID or detected)."
 )
 
 
@@ -56,7 +71,9 @@ def _parse(argv):
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
-    from replax import config_utils, configuration, runtime, trainer
+    import jax
+
+    from replax import config_utils, configuration, runtime, sharding, trainer
 
     config_file = flags.FLAGS["config"].config_filename.split(":")[0]
     if not os.path.isfile(config_file):
@@ -64,6 +81,14 @@ def main(argv):
     if not _WORKDIR.value:
         _fail("--workdir is required")
     config = _CONFIG.value
+    try:  # before anything asks jax for devices: validate counts them
+        sharding.maybe_initialize_distributed(
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value,
+        )
+    except (ValueError, TypeError, RuntimeError) as e:
+        _fail(f"jax.distributed: {_one_line(e)}")
     try:
         configuration.validate(config)
         summary = trainer.train(config, _WORKDIR.value)
@@ -72,6 +97,8 @@ def main(argv):
     except runtime.Preempted as e:
         print(str(e), file=sys.stderr)
         sys.exit(runtime.EXIT_PREEMPTED)
+    if jax.process_index() != 0:
+        return
     print(
         f"base held-out accuracy {summary['base_accuracy']:.3f} -> final "
         f"{summary['final_accuracy']:.3f} "
