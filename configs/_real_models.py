@@ -181,7 +181,7 @@ def get_config(
     c.total_rollouts = 0
 
     # The policy: model.architecture documents the named model; with model.checkpoint its
-    # config.json gives the architecture and only max_len, dtype, param_dtype apply.
+    # config.json gives the architecture; max_len, the dtypes and the layer settings apply.
     c.model = ml_collections.ConfigDict()
     for key, value in model.architecture.items():
         c.model[key] = value
@@ -190,6 +190,14 @@ def get_config(
     # Master weights and Adam state in float32; matmuls and activations in bfloat16.
     c.model.param_dtype = "float32"
     c.model.dtype = "bfloat16"
+    # Layers under one nn.scan (compile time does not grow with depth), each recomputed in
+    # the backward pass ('full' keeps only its input; 'save_dots' also its matmul outputs,
+    # faster and larger; 'none').
+    c.model.scan_layers = True
+    c.model.remat_policy = "full"
+    # 'dot_product' (jax.nn.dot_product_attention), 'splash' (the Pallas TPU kernel: set it
+    # on TPU) or 'einsum' (the reference).
+    c.model.attention = "dot_product"
     # Start from the weights of model.checkpoint, a local Hugging Face directory
     # (config.json, *.safetensors, tokenizer files): a snapshot of the model's Hub
     # repository (MODELS[name].repo), passed with --config.model.checkpoint=DIR.
@@ -258,10 +266,22 @@ def get_config(
     c.rollout.temperature = 1.0
     c.rollout.top_k = 0
     c.rollout.top_p = 1.0
+    # top-p looks for its cut among this many most likely tokens first (exact either way).
+    c.rollout.top_p_candidates = 64
+    # Decoding weights and KV cache in bfloat16, resharded from training's fp32 FSDP
+    # layout once per generation onto rollout.mesh_shape (empty: the training mesh; e.g.
+    # (-1, 1, 2) decodes tensor-parallel over pairs of chips).
+    c.rollout.dtype = "bfloat16"
+    c.rollout.cache_dtype = "bfloat16"
+    c.rollout.mesh_shape = ()
 
     # The learner: B rollouts drawn from the buffer each step.
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = r if onpolicy else REPLAY_Y * r
+    # Gradient accumulation inside the compiled step: B / M rows a pass, one update.
+    c.train.num_microbatches = 4 if pod else 8
+    # Log-probs and entropy this many positions at a time: never [B, T, vocab] logits.
+    c.train.logits_chunk_size = 256
 
     # Adam at a constant rate, no weight decay (the paper's optimizer).
     c.optimizer = ml_collections.ConfigDict()
@@ -272,6 +292,8 @@ def get_config(
     c.optimizer.grad_clip = 1.0
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.999
+    # Adam's moments (float32: a bfloat16 first moment halves its memory).
+    c.optimizer.state_dtype = "float32"
 
     # Replay store: FIFO ring buffer of capacity N, sharded like the batch.
     c.replay = ml_collections.ConfigDict()

@@ -60,6 +60,12 @@ def get_config(arg=None):
     c.model.qk_norm = False
     c.model.param_dtype = "float32"
     c.model.dtype = "float32"
+    # Layers unrolled (True: under one nn.scan, for deep models), no recomputation in the
+    # backward pass ('full' / 'save_dots' trade compute for memory), einsum attention
+    # ('dot_product', or 'splash' on TPU).
+    c.model.scan_layers = False
+    c.model.remat_policy = "none"
+    c.model.attention = "einsum"
     # The starting policy: 'warmstart' (supervised, below), 'random', or 'checkpoint'
     # (the weights of model.checkpoint, a local Hugging Face directory).
     c.model.init = "warmstart"
@@ -119,10 +125,21 @@ def get_config(arg=None):
     c.rollout.temperature = 1.0
     c.rollout.top_k = 0
     c.rollout.top_p = 1.0
+    # top-p looks for its cut among this many most likely tokens first (exact either way).
+    c.rollout.top_p_candidates = 64
+    # Decoding dtype of the weights and the KV cache ('': the model's compute dtype) and
+    # the sampler's mesh (empty: the training mesh).
+    c.rollout.dtype = ""
+    c.rollout.cache_dtype = ""
+    c.rollout.mesh_shape = ()
 
     # The learner: batch B of rollouts sampled from the buffer each step.
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 64
+    # Gradient accumulation over this many slices of the batch inside the compiled step.
+    c.train.num_microbatches = 1
+    # Log-probs this many positions at a time (0: all at once).
+    c.train.logits_chunk_size = 0
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.learning_rate = 1e-4
@@ -132,6 +149,8 @@ def get_config(arg=None):
     c.optimizer.grad_clip = 1.0
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.999
+    # Adam's moments' dtype.
+    c.optimizer.state_dtype = "float32"
 
     # Replay store: FIFO ring buffer of capacity N.
     c.replay = ml_collections.ConfigDict()

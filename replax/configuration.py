@@ -9,6 +9,7 @@ are the only readers of the ConfigDict besides the trainer and the scripts.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from typing import Any
@@ -17,7 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from replax import auto_replay, objectives, schedules, sharding
+from replax import attention, auto_replay, objectives, schedules, sharding
 from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import train_step as train_step_lib
@@ -32,8 +33,15 @@ TASK_DATA_KEYS = ("name", "data_dir", "num_train", "num_test", "data_seed")
 # model.* keys that are not the architecture.
 MODEL_RUN_KEYS = ("init", "checkpoint")
 # With model.checkpoint the architecture comes from its config.json; these model.* keys
-# still apply (the longest sequence, the numerics).
-CHECKPOINT_OVERRIDES = ("max_len", "dtype", "param_dtype")
+# still apply (the longest sequence, the numerics, how layers are compiled).
+CHECKPOINT_OVERRIDES = (
+    "max_len",
+    "dtype",
+    "param_dtype",
+    "scan_layers",
+    "remat_policy",
+    "attention",
+)
 INITS = ("random", "warmstart", "checkpoint")
 TOKENIZERS = ("byte", "hf")
 REPLAY_MODES = ("fixed", "auto")
@@ -42,6 +50,11 @@ REPLAY_MODES = ("fixed", "auto")
 def rollouts_per_step(config: ml_collections.ConfigDict) -> int:
     """R = prompts_per_step x group_size fresh rollouts per generating step."""
     return config.rollout.prompts_per_step * config.rollout.group_size
+
+
+def seq_len(config: ml_collections.ConfigDict) -> int:
+    """Tokens of a stored rollout: the prompt (left-padded) and the completion."""
+    return config.rollout.max_prompt_len + config.rollout.max_new_tokens
 
 
 def auto_max_period(config: ml_collections.ConfigDict) -> int:
@@ -58,7 +71,7 @@ def model_config(config) -> model_lib.ModelConfig:
     if config.model.checkpoint:
         from replax import hf_config
 
-        overrides = {k: config.model[k] for k in CHECKPOINT_OVERRIDES}
+        overrides = {k: config.model[k] for k in CHECKPOINT_OVERRIDES if k in config.model}
         return hf_config.read_config(config.model.checkpoint, **overrides)
     fields = {k: v for k, v in config.model.to_dict().items() if k not in MODEL_RUN_KEYS}
     return model_lib.ModelConfig(**fields)
@@ -91,6 +104,16 @@ def optimizer_config(config) -> train_step_lib.OptimizerConfig:
         grad_clip=c.grad_clip,
         b1=c.b1,
         b2=c.b2,
+        state_dtype=c.get("state_dtype", "float32"),
+    )
+
+
+def train_step_kwargs(config) -> dict[str, Any]:
+    """make_train_step's memory settings (configs written before them get the defaults)."""
+    t = config.train
+    return dict(
+        num_microbatches=t.get("num_microbatches", 1),
+        logits_chunk_size=t.get("logits_chunk_size", 0),
     )
 
 
@@ -123,7 +146,8 @@ def replay_buffer_kwargs(config) -> dict[str, Any]:
 
 
 def sampler_kwargs(config) -> dict[str, Any]:
-    """make_sampler's sampling and length arguments for rollouts."""
+    """make_sampler's sampling, length and numerics arguments for rollouts (not its mesh:
+    `sampler_mesh_shape`)."""
     r = config.rollout
     return dict(
         max_prompt_len=r.max_prompt_len,
@@ -131,7 +155,20 @@ def sampler_kwargs(config) -> dict[str, Any]:
         temperature=r.temperature,
         top_k=r.top_k,
         top_p=r.top_p,
+        top_p_candidates=r.get("top_p_candidates", 64),
+        **sampler_numerics(config),
     )
+
+
+def sampler_numerics(config) -> dict[str, Any]:
+    """The decoding weights' and KV cache's dtypes (None: the model's compute dtype)."""
+    r = config.rollout
+    return dict(dtype=r.get("dtype") or None, cache_dtype=r.get("cache_dtype") or None)
+
+
+def sampler_mesh_shape(config) -> tuple[int, ...]:
+    """The sampler's mesh: rollout.mesh_shape, or the training mesh when it is empty."""
+    return tuple(config.rollout.get("mesh_shape") or config.mesh.shape)
 
 
 def make_tokenizer(config):
@@ -186,17 +223,36 @@ def data_shards(config, num_devices: int | None = None) -> int:
     return int(np.prod([shape[sharding.MESH_AXES.index(a)] for a in ("data", "fsdp")]))
 
 
-def logical_shards(config, logical: str, num_devices: int | None = None) -> int:
-    """How many ways mesh.rules split a logical axis (e.g. heads over tensor)."""
+def logical_shards(
+    config, logical: str, num_devices: int | None = None, shape: tuple[int, ...] | None = None
+) -> int:
+    """How many ways mesh.rules split a logical axis (e.g. heads over tensor) on the mesh of
+    `shape` (default mesh.shape)."""
     shape = sharding.validate_mesh_shape(
-        config.mesh.shape, jax.device_count() if num_devices is None else num_devices
+        config.mesh.shape if shape is None else shape,
+        jax.device_count() if num_devices is None else num_devices,
     )
     spec = sharding.logical_to_spec((logical,), sharding.validate_rules(config.mesh.rules))[0]
     names = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
     return int(np.prod([shape[sharding.MESH_AXES.index(n)] for n in names]))
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+@dataclasses.dataclass(frozen=True)
+class Validated:
+    """What validation had to build to check a config, for `run.build` to use as is:
+    a file-backed task reads its data file once per run."""
+
+    model_config: model_lib.ModelConfig
+    tokenizer: Any
+    task: Task
+
+
+def sampler_data_shards(config, shape) -> int:
+    """How many ways the sampler's batch splits: the data x fsdp axes of its mesh."""
+    return logical_shards(config, "batch", shape=shape)
+
+
+def validate(config: ml_collections.ConfigDict) -> Validated:
     """Every check that can fail on configuration alone, before any compute."""
     # Sizes and counts.
     for key in (
@@ -306,12 +362,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
     one_of(config, "loss.aggregation", objectives.AGGREGATIONS)
     one_of(config, "model.dtype", tuple(model_lib.DTYPES))
     one_of(config, "model.param_dtype", tuple(model_lib.DTYPES))
+    for key in ("dtype", "cache_dtype"):
+        if config.rollout.get(key):
+            one_of(config, f"rollout.{key}", tuple(model_lib.DTYPES))
+    for key, low in (
+        ("train.num_microbatches", 1),
+        ("train.logits_chunk_size", 0),
+        ("rollout.top_p_candidates", 1),
+    ):
+        if key.split(".")[1] in config[key.split(".")[0]]:
+            number(config, key, low=low, integer=True)
     if config.task.data_dir:
         require(
             os.path.isdir(config.task.data_dir),
             f"task.data_dir={config.task.data_dir!r} does not exist",
         )
-    total_len = config.rollout.max_prompt_len + config.rollout.max_new_tokens
+    total_len = seq_len(config)
     require(
         total_len <= config.model.max_len,
         f"rollout.max_prompt_len + rollout.max_new_tokens = {total_len} exceeds "
@@ -334,10 +400,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
         replay_lib.make_replay_buffer(**replay_buffer_kwargs(config))
         sharding.validate_rules(config.mesh.rules)
         shards = data_shards(config)
+        attention.check_attention_backend(mcfg, jax.default_backend())
     except TypeError as e:  # a task factory given keys it does not take
         raise ConfigError(f"task.name={config.task.name!r}: {e}") from None
     except (ValueError, OSError, ImportError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+    try:
+        sampler_shape = sharding.validate_mesh_shape(sampler_mesh_shape(config), jax.device_count())
+    except ValueError as e:
+        message = str(e).splitlines()[0].replace("mesh.shape", "rollout.mesh_shape", 1)
+        raise ConfigError(message) from None
 
     require(
         mcfg.vocab_size >= tokenizer.vocab_size,
@@ -359,19 +431,42 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     f"longest {what} ({chars + 1} tokens with {extra})",
                 )
 
-    # Attention heads split over the tensor axis; each process reads its own block of
-    # every batch of prompts.
-    for key, value, logical in (
-        ("model.num_heads", mcfg.num_heads, "heads"),
-        ("model.num_kv_heads", mcfg.num_kv_heads, "kv_heads"),
+    # Attention heads split over the tensor axis, of training's mesh and of the sampler's;
+    # each process reads its own block of every batch of prompts.
+    for mesh_key, shape in (
+        ("mesh.shape", config.mesh.shape),
+        ("rollout.mesh_shape", sampler_shape),
     ):
-        split = logical_shards(config, logical)
-        require(
-            value % split == 0,
-            f"{key}={value} is not divisible by the {split} shards of '{logical}' on "
-            f"mesh.shape={tuple(config.mesh.shape)}: use a multiple of {split} or a smaller "
-            "tensor axis",
-        )
+        for key, value, logical in (
+            ("model.num_heads", mcfg.num_heads, "heads"),
+            ("model.num_kv_heads", mcfg.num_kv_heads, "kv_heads"),
+        ):
+            split = logical_shards(config, logical, shape=shape)
+            require(
+                value % split == 0,
+                f"{key}={value} is not divisible by the {split} shards of '{logical}' on "
+                f"{mesh_key}={tuple(shape)}: use a multiple of {split} or a smaller tensor axis",
+            )
+    # Auto mode takes the gradient of each half of the batch: each half is split.
+    micro = config.train.get("num_microbatches", 1)
+    split = b // 2 if config.replay.mode == "auto" else b
+    what = "half of train.batch_size" if config.replay.mode == "auto" else "train.batch_size"
+    require(
+        split % micro == 0 and (split // micro) % shards == 0,
+        f"train.num_microbatches={micro}: must divide {what}={split} into microbatches "
+        f"that split over the {shards} data shards",
+    )
+    require(
+        micro == 1 or config.loss.name != "m2po",
+        f"train.num_microbatches={micro} with loss.name='m2po': m2po masks tokens over the "
+        "whole batch, so it needs train.num_microbatches=1",
+    )
+    require(
+        r % sampler_data_shards(config, sampler_shape) == 0,
+        f"rollout R = prompts_per_step x group_size={r} is not divisible by the "
+        f"{sampler_data_shards(config, sampler_shape)} data shards of rollout.mesh_shape="
+        f"{tuple(sampler_shape)}",
+    )
     require(
         config.rollout.prompts_per_step % jax.process_count() == 0,
         f"rollout.prompts_per_step={config.rollout.prompts_per_step} is not divisible by the "
@@ -393,3 +488,4 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"{key}={value} is not divisible by the {shards} data shards of mesh.shape="
             f"{tuple(config.mesh.shape)}",
         )
+    return Validated(model_config=mcfg, tokenizer=tokenizer, task=task)

@@ -54,7 +54,10 @@ class Evaluator:
         pass_k_prompts: int = 64,
         mesh=None,
         rules=None,
+        dtype: str | None = None,
+        cache_dtype: str | None = None,
     ):
+        """mesh, rules, dtype, cache_dtype: the samplers' (see `sampler.make_sampler`)."""
         self.task = task
         self.tokenizer = tokenizer
         self.examples = list(examples)
@@ -73,6 +76,8 @@ class Evaluator:
             pad_id=tokenizer.pad_id,
             mesh=mesh,
             rules=rules,
+            dtype=dtype,
+            cache_dtype=cache_dtype,
         )
         self.greedy = sampler_lib.make_sampler(model_config, temperature=0.0, **common)
         self.sample = sampler_lib.make_sampler(model_config, temperature=1.0, **common)
@@ -85,9 +90,9 @@ class Evaluator:
         metrics = {"eval_accuracy": self.accuracy(params, rng)}
         if self.pass_k > 0 and self.pass_k_prompts > 0:
             k, p = self.pass_k, self.pass_k_prompts
-            ids = np.repeat(self.prompt_ids[:p], k, axis=0)
-            mask = np.repeat(self.prompt_mask[:p], k, axis=0)
-            out = self.sample.generate(params, ids, mask, rng)
+            # k rows per prompt, adjacent; each prompt prefilled once.
+            ids, mask = self.prompt_ids[:p], self.prompt_mask[:p]
+            out = self.sample.generate(params, ids, mask, rng, num_samples=k)
             rewards = self._rewards(out, np.repeat(np.asarray(self.answers[:p], dtype=object), k))
             correct = rewards.reshape(p, k).sum(axis=1)
             metrics[f"eval_pass_at_{k}"] = float(pass_at_k(k, correct, k).mean())

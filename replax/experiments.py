@@ -71,7 +71,10 @@ def set_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
     except (KeyError, AttributeError):
         raise config_utils.ConfigError(f"unknown config key {key!r}") from None
     if isinstance(value, str) and not isinstance(current, str):
-        value = parse_value(value, current)
+        try:
+            value = parse_value(value, current)
+        except config_utils.ConfigError as e:
+            raise config_utils.ConfigError(f"{key}={value!r}: {e}") from None
     if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     node[leaf] = value
@@ -162,7 +165,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
         raise config_utils.ConfigError(f"--workdir={workdir} has no checkpoints/")
     run = run_lib.build(config, workdir)
     data = run_lib.prepare_data(run)
-    train_state, _ = run_lib.init_states(run)  # the structure to restore into
+    train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
     checkpointer = checkpoint.Checkpointer(ckpt_dir)
     try:
         step = checkpointer.latest_step()

@@ -38,7 +38,10 @@ def forward_flops_per_token(config: ModelConfig, context_len: float) -> float:
 def train_flops(config: ModelConfig, batch_size: int, seq_len: int) -> float:
     """Forward + backward matmul FLOPs of one train step on [batch_size, seq_len] (3x forward).
 
-    Attention is counted over the full T x T score matrix, as the implementation computes it.
+    Attention is counted over the full T x T score matrix, as the 'einsum' and 'dot_product'
+    kernels compute it ('splash' skips the blocks above the causal diagonal, about half of
+    it). Recomputation under model.remat_policy is not counted: these are model FLOPs, the
+    numerator of MFU.
     """
     return 3.0 * batch_size * seq_len * forward_flops_per_token(config, seq_len)
 

@@ -206,22 +206,23 @@ def load_pretrained_sharded(
             )
 
         shapes = {name: source.shape(name) for name in source.names}
-        for entry in hf_layout.check_tensors(shapes, config, head_is_embedding):
-            view, blocks = source.slice(entry.hf_name), {}
+        layout = hf_layout.check_tensors(shapes, config, head_is_embedding)
+        # Under scan_layers a parameter stacks one HF tensor per layer; a device reads
+        # its block of each layer its slice of the [num_layers] axis covers.
+        for param in hf_layout.params_of(layout, config):
+            views, blocks = [source.slice(e.hf_name) for e in param.entries], {}
             place = shardings
-            for key in entry.path:
+            for key in param.path:
                 place = place[key]
 
-            def block(index, entry=entry, view=view, blocks=blocks):
-                key = tuple(s.indices(n) for s, n in zip(index, entry.shape))
+            def block(index, param=param, views=views, blocks=blocks):
+                key = tuple(s.indices(n) for s, n in zip(index, param.shape))
                 if key not in blocks:
-                    blocks[key] = np.ascontiguousarray(
-                        hf_layout.read_block(view, entry, index), dtype=target
-                    )
+                    blocks[key] = np.ascontiguousarray(param.read_block(views, index), dtype=target)
                 return blocks[key]
 
             hf_layout.set_path(
-                params, entry.path, jax.make_array_from_callback(entry.shape, place, block)
+                params, param.path, jax.make_array_from_callback(param.shape, place, block)
             )
     return config, params
 

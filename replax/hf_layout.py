@@ -3,7 +3,11 @@
 `params_from_hf` gives the params tree of `model.Transformer(config)` from HF-named
 tensors, `params_to_hf` the HF-named tensors of a params tree; `check_tensors` checks a
 checkpoint's names and shapes against a config and `read_block` reads one device's block
-of a parameter from an HF tensor. Files are `replax.hf`, config.json `replax.hf_config`.
+of a parameter from an HF tensor (`Param.read_block` of a parameter stacked over layers).
+Files are `replax.hf`, config.json `replax.hf_config`.
+
+With config.scan_layers the per-layer tensors below are stacked on a leading
+[num_layers] axis under `layers/...` (model.stack_layers) instead of `layer_i/...`.
 
 Layout. HF nn.Linear weights are [out, in]; replax contracts x [..., in] with w [in, out]
 and keeps heads as separate axes:
@@ -115,6 +119,42 @@ def _layout(config: model_lib.ModelConfig) -> list[_Entry]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One replax parameter and the HF tensors it is read from: one entry, or with
+    scan_layers one per layer for a parameter stacked on a leading [num_layers] axis."""
+
+    path: tuple[str, ...]
+    shape: tuple[int, ...]
+    entries: tuple[_Entry, ...]
+    stacked: bool
+
+    def read_block(self, views, index: tuple[slice, ...]) -> np.ndarray:
+        """Block `index` of the parameter; views: the HF tensors of `entries`, in order.
+        A stacked parameter reads only the layers in index[0], each its own block."""
+        if not self.stacked:
+            return read_block(views[0], self.entries[0], index)
+        layers = range(*index[0].indices(self.shape[0]))  # a device's slice: never empty
+        return np.stack([read_block(views[i], self.entries[i], index[1:]) for i in layers])
+
+
+def params_of(layout: list[_Entry], config: model_lib.ModelConfig) -> list[Param]:
+    """The parameters of `model.Transformer(config)`, grouping the per-layer entries of
+    `layout` (`check_tensors`) into stacked `layers/...` parameters under scan_layers."""
+    if not config.scan_layers:
+        return [Param(e.path, e.shape, (e,), False) for e in layout]
+    out, by_path = [], {}
+    for entry in layout:
+        if not entry.path[0].startswith("layer_"):
+            out.append(Param(entry.path, entry.shape, (entry,), False))
+            continue
+        by_path.setdefault(("layers", *entry.path[1:]), []).append(entry)
+    for path, entries in by_path.items():
+        entries.sort(key=lambda e: int(e.path[0].removeprefix("layer_")))
+        out.append(Param(path, (len(entries), *entries[0].shape), tuple(entries), True))
+    return out
+
+
 def np_dtype(dtype, config: model_lib.ModelConfig) -> np.dtype:
     if dtype is None:
         return np.dtype(config.jnp_param_dtype)
@@ -195,6 +235,8 @@ def params_from_hf(
     for entry in check_tensors(shapes, config, head_is_embedding):
         x = entry.from_hf(np.asarray(tensors[entry.hf_name]))
         set_path(params, entry.path, np.ascontiguousarray(x, dtype=target))
+    if config.scan_layers:
+        params = model_lib.stack_layers(params, config.num_layers)
     return params
 
 
@@ -210,6 +252,11 @@ def params_to_hf(params, config: model_lib.ModelConfig) -> dict[str, np.ndarray]
     params = nn.unbox(params)
     if isinstance(params, Mapping) and set(params) == {"params"}:
         params = params["params"]
+    if config.scan_layers:
+        if not isinstance(params, Mapping) or "layers" not in params:
+            raise ValueError("model.scan_layers=True but the params have no 'layers' entry")
+        params = {**params, "layers": jax.device_get(params["layers"])}
+        params = model_lib.unstack_layers(params, config.num_layers)
     leaves = {_path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
     layout = _layout(config)
     extra = sorted(set(leaves) - {"/".join(e.path) for e in layout})

@@ -8,111 +8,37 @@ One module serves learning and sampling:
     the KV cache at `cache_index` and attends to every valid cache slot up to its own.
 
 Every parameter and the main activations carry logical axis names (batch, length,
-embed, heads, kv_heads, head_dim, mlp, vocab); `replax.sharding` maps them to mesh
-axes through a rule table, so sharding is configuration, not code.
+embed, heads, kv_heads, head_dim, mlp, vocab, and layers for scanned params);
+`replax.sharding` maps them to mesh axes through a rule table, so sharding is
+configuration, not code.
+
+Layers are unrolled (params `layer_0`, `layer_1`, ...) or, with `scan_layers`, one
+`nn.scan` over a single Block whose params (`layers/...`) carry a leading [num_layers]
+axis: one layer is compiled instead of num_layers. `stack_layers` / `unstack_layers`
+convert params between the two. `remat_policy` recomputes each Block's activations in the
+backward pass; `attention` picks the kernel (`replax.attention`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+from replax import attention
 
-# Large negative logit for masked attention scores: finite, so a row with no valid
-# key (a padding query) yields a uniform distribution instead of NaN.
-_MASK_VALUE = -1e30
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Shape and numerics of the policy. Validates itself on construction."""
-
-    vocab_size: int = 512
-    num_layers: int = 4
-    d_model: int = 256
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    mlp_dim: int = 1024
-    # Longest sequence (prompt + completion) the positions and the KV cache allow.
-    max_len: int = 256
-    tie_embeddings: bool = True
-    # Qwen2 puts biases on the q/k/v projections; Qwen3 normalises q and k per head.
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    rope_theta: float = 10_000.0
-    # RoPE scaling as transformers computes it (modeling_rope_utils); see `rope_inv_freq`.
-    # "default" (none), "linear", "dynamic" (NTK) or "llama3" (Llama 3.1 / 3.2 / 3.3).
-    rope_type: str = "default"
-    rope_factor: float = 1.0
-    # llama3: wavelengths above rope_original_max_len / low_freq_factor are divided by
-    # factor, those below rope_original_max_len / high_freq_factor kept, smoothed between.
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    # Context length the frequencies are anchored at: llama3's
-    # original_max_position_embeddings; dynamic's max_position_embeddings (0: max_len).
-    rope_original_max_len: int = 0
-    norm_eps: float = 1e-6
-    param_dtype: str = "float32"
-    dtype: str = "float32"
-
-    def __post_init__(self):
-        for name in ("param_dtype", "dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(
-                    f"model.{name}={getattr(self, name)!r}: allowed are {sorted(DTYPES)}"
-                )
-        for name in (
-            "vocab_size",
-            "num_layers",
-            "d_model",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "mlp_dim",
-            "max_len",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"model.rope_type={self.rope_type!r}: allowed are {list(ROPE_TYPES)}")
-        if self.head_dim % 2:
-            raise ValueError(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
-        if self.rope_type != "default" and not self.rope_factor > 0:
-            raise ValueError(f"model.rope_factor={self.rope_factor} must be > 0")
-        if self.rope_original_max_len < 0:
-            raise ValueError(
-                f"model.rope_original_max_len={self.rope_original_max_len} must be >= 0"
-            )
-        if self.rope_type == "llama3":
-            if not self.rope_high_freq_factor > self.rope_low_freq_factor > 0:
-                raise ValueError(
-                    f"model.rope_high_freq_factor={self.rope_high_freq_factor} and "
-                    f"rope_low_freq_factor={self.rope_low_freq_factor}: llama3 RoPE needs "
-                    "high > low > 0"
-                )
-            if self.rope_original_max_len < 1:
-                raise ValueError("model.rope_original_max_len must be >= 1 for rope_type 'llama3'")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"model.num_kv_heads={self.num_kv_heads} must divide "
-                f"model.num_heads={self.num_heads}"
-            )
-
-    @property
-    def jnp_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
-    def jnp_param_dtype(self):
-        return DTYPES[self.param_dtype]
+# Re-exported: replax.model stays the one import for the model, its config and RoPE.
+from replax.attention import check_attention_backend as check_attention_backend
+from replax.attention import rope_inv_freq as rope_inv_freq
+from replax.attention import rotary as rotary
+from replax.model_config import DTYPES as DTYPES
+from replax.model_config import REMAT_POLICIES as REMAT_POLICIES
+from replax.model_config import ROPE_TYPES as ROPE_TYPES
+from replax.model_config import ModelConfig as ModelConfig
 
 
 def _param(module: nn.Module, name: str, init, shape, axes, config: ModelConfig):
@@ -156,57 +82,6 @@ class RMSNorm(nn.Module):
         return (x32 * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> jax.Array:
-    """RoPE inverse frequencies float32[head_dim / 2], as transformers' ROPE_INIT_FUNCTIONS
-    compute them (float32 arithmetic in the same order).
-
-    linear: every frequency divided by factor. llama3: long wavelengths (> original /
-    low_freq_factor) divided by factor, short ones (< original / high_freq_factor) kept,
-    interpolated between. dynamic (NTK): theta grows to theta * (factor * L / original -
-    factor + 1) ** (D / (D - 2)) for a sequence of L tokens, L = max(L, original).
-    transformers recomputes that for each batch's length; replax fixes L = max_len. The two
-    are the same for every sequence when max_len <= original (max_position_embeddings),
-    where the frequencies are the unscaled ones; beyond it replax's are those transformers
-    uses for a max_len-token sequence.
-    """
-    dim, half = config.head_dim, config.head_dim // 2
-    base = float(config.rope_theta)
-    original = config.rope_original_max_len or config.max_len
-    if config.rope_type == "dynamic":
-        seq_len = max(config.max_len, original)
-        scale = config.rope_factor * seq_len / original - (config.rope_factor - 1)
-        base = base * scale ** (dim / (dim - 2))
-    # In the graph, as XLA computes float32 powers: the unscaled frequencies stay exactly
-    # those every earlier replax checkpoint was trained with.
-    inv_freq = 1.0 / (base ** (jnp.arange(half, dtype=jnp.float32) / half))
-    if config.rope_type == "linear":
-        inv_freq = inv_freq / config.rope_factor
-    elif config.rope_type == "llama3":
-        factor, low, high = (
-            config.rope_factor,
-            config.rope_low_freq_factor,
-            config.rope_high_freq_factor,
-        )
-        wavelen = 2 * math.pi / inv_freq
-        scaled = jnp.where(wavelen > original / low, inv_freq / factor, inv_freq)
-        smooth = (original / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < original / high) & ~(wavelen > original / low)
-        inv_freq = jnp.where(medium, smoothed, scaled)
-    return inv_freq
-
-
-def rotary(x, positions, inv_freq):
-    """Rotary position embedding (rotate-half form). x: [B, T, H, D], positions: [B, T],
-    inv_freq: [D/2] (`rope_inv_freq`)."""
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-    sin = jnp.sin(angles)[:, :, None, :]  # [B, T, 1, D/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
 class Attention(nn.Module):
     """Grouped-query attention with optional q/k/v bias, q/k norm and a KV cache."""
 
@@ -214,7 +89,8 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
-        # x: [B, T, E]; positions: [B, T]; attn_mask: [B, T, S] (True = may attend).
+        # x: [B, T, E]; positions: [B, T]; attn_mask: [B, T, S] (True = may attend), or
+        # for a 'splash' full forward the token mask [B, T] (the kernel is causal itself).
         cfg = self.config
         h, kv, d, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
         init = nn.initializers.normal(stddev=e**-0.5)
@@ -264,13 +140,14 @@ class Attention(nn.Module):
             new_cache = {"k": k, "v": v}
             k, v = k.astype(dt), v.astype(dt)
 
-        b, t = x.shape[:2]
-        q = q.reshape(b, t, kv, h // kv, d)  # [B, T, KV, G, D]
-        scores = jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32) * d**-0.5
-        scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # [B, KV, G, T, S]
-        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)  # [B, KV, G, T, D]
-        out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d)
+        if cfg.attention == "einsum":
+            out = attention.einsum_attention(q, k, v, attn_mask)  # [B, T, H, D]
+        elif cfg.attention == "dot_product" or layer_cache is not None:
+            out = attention.dot_product_attention(q, k, v, attn_mask)
+        else:
+            backend = jax.default_backend()
+            attention.check_attention_backend(cfg, backend)
+            out = attention.splash_attention(q, k, v, attn_mask, interpret=backend != "tpu")
         out = dense(out, wo.astype(dt), in_dims=2)  # [B, T, E]
         return out, new_cache
 
@@ -345,10 +222,22 @@ class Transformer(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens, positions, mask=None, *, cache=None, cache_index=None, kv_mask=None):
+    def __call__(
+        self,
+        tokens,
+        positions,
+        mask=None,
+        *,
+        cache=None,
+        cache_index=None,
+        kv_mask=None,
+        return_hidden=False,
+    ):
         # tokens, positions: [B, T] int32. Full forward: mask [B, T] marks valid tokens.
         # Step forward: cache (see init_cache), cache_index scalar int32 (first slot
         # written), kv_mask [B, S] marks valid cache slots (False for prompt padding).
+        # return_hidden: return the final-normed states [B, T, E] (compute dtype) in
+        # place of the logits; `dense(hidden, output_head(params, config))` gives them.
         cfg = self.config
         b, t = tokens.shape
         embedding = _param(
@@ -367,48 +256,90 @@ class Transformer(nn.Module):
         if cache is None:
             if mask is None:
                 mask = jnp.ones((b, t), dtype=bool)
-            causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-            attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+            if cfg.attention == "splash":
+                attn_mask = mask  # [B, T]: the kernel applies the causal mask itself
+            else:
+                causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+                attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
         else:
-            s = cache[0]["k"].shape[2]
+            s = jax.tree_util.tree_leaves(cache)[0].shape[-2]
             query_slot = cache_index + jnp.arange(t)  # [T]
             causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # [T, S]
             attn_mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
 
-        new_cache = []
-        for i in range(cfg.num_layers):
-            x, layer_cache = Block(cfg, name=f"layer_{i}")(
-                x, positions, attn_mask, None if cache is None else cache[i], cache_index
+        block = Block
+        if cfg.remat_policy != "none":
+            # Under scan the loop already keeps XLA from merging the recomputation with
+            # the forward pass, so the CSE barrier is needed only for unrolled layers.
+            block = nn.remat(
+                Block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers
             )
-            new_cache.append(layer_cache)
-        x = RMSNorm(cfg, name="final_norm")(x)
-        if cfg.tie_embeddings:
-            logits = dense(x, embedding.astype(cfg.jnp_dtype).T)
+        if cfg.scan_layers:
+            # x is the carry; the cache ({'k', 'v'} of [L, B, KV, S, D]) is scanned over
+            # with the params, and the updated one comes back stacked the same way.
+            layers = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, new_cache = layers(cfg, name="layers")(x, positions, attn_mask, cache, cache_index)
         else:
-            head = _param(
-                self,
-                "lm_head",
-                nn.initializers.normal(stddev=cfg.d_model**-0.5),
-                (cfg.d_model, cfg.vocab_size),
-                ("embed", "vocab"),
-                cfg,
-            )
-            logits = dense(x, head.astype(cfg.jnp_dtype))
-        logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+            new_cache = []
+            for i in range(cfg.num_layers):
+                x, layer_cache = block(cfg, name=f"layer_{i}")(
+                    x, positions, attn_mask, None if cache is None else cache[i], cache_index
+                )
+                new_cache.append(layer_cache)
+        x = RMSNorm(cfg, name="final_norm")(x)  # [B, T, E]
+        if cfg.tie_embeddings:
+            head_params = {"embedding": embedding}
+        else:
+            head_params = {
+                "lm_head": _param(
+                    self,
+                    "lm_head",
+                    nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                    (cfg.d_model, cfg.vocab_size),
+                    ("embed", "vocab"),
+                    cfg,
+                )
+            }
+        if return_hidden:
+            out = x
+        else:
+            head = output_head(head_params, cfg)  # [E, V]
+            out = constrain(dense(x, head).astype(jnp.float32), ("batch", "length", "vocab"))
         if cache is None:
-            return logits
-        return logits, new_cache
+            return out
+        return out, new_cache
+
+
+def output_head(params, config: ModelConfig) -> jax.Array:
+    """The output projection [E, V] in the compute dtype: the tied embedding transposed,
+    or lm_head. params: the model's 'params' collection. Logits are
+    `dense(hidden, output_head(params, config)).astype(float32)`."""
+    if config.tie_embeddings:
+        return params["embedding"].astype(config.jnp_dtype).T
+    return params["lm_head"].astype(config.jnp_dtype)
 
 
 def init_cache(
     config: ModelConfig, batch_size: int, cache_len: int | None = None, dtype: Any = None
-) -> list[dict[str, jax.Array]]:
-    """Zeroed KV cache: one {'k', 'v'} of [B, KV, S, D] (heads-major) per layer."""
+) -> list[dict[str, jax.Array]] | dict[str, jax.Array]:
+    """Zeroed KV cache, heads-major: one {'k', 'v'} of [B, KV, S, D] per layer, or with
+    scan_layers a single {'k', 'v'} of [L, B, KV, S, D]. Either way the length axis is
+    -2 and the batch axis -4 of every leaf."""
     cache_len = cache_len or config.max_len
     if cache_len > config.max_len:
         raise ValueError(f"cache length {cache_len} exceeds model.max_len={config.max_len}")
     shape = (batch_size, config.num_kv_heads, cache_len, config.head_dim)
     dtype = dtype or config.jnp_dtype
+    if config.scan_layers:
+        shape = (config.num_layers, *shape)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
     return [
         {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
         for _ in range(config.num_layers)
@@ -416,6 +347,45 @@ def init_cache(
 
 
 CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")
+
+
+def cache_axes(config: ModelConfig) -> tuple[str, ...]:
+    """Logical axes of every leaf of `init_cache(config, ...)`."""
+    return ("layers", *CACHE_AXES) if config.scan_layers else CACHE_AXES
+
+
+def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """Unrolled params (`layer_0` ... `layer_{L-1}`) -> scanned params: one `layers`
+    subtree whose leaves stack the layers' on a leading [L] axis. Other entries are kept.
+    Leaves may be numpy or jax arrays (numpy leaves stay numpy)."""
+    names = [f"layer_{i}" for i in range(num_layers)]
+    missing = [n for n in names if n not in params]
+    if missing or f"layer_{num_layers}" in params:
+        raise ValueError(f"params do not hold exactly layers layer_0..layer_{num_layers - 1}")
+
+    def stack(*xs):
+        return np.stack(xs) if all(isinstance(x, np.ndarray) for x in xs) else jnp.stack(xs)
+
+    rest = {k: v for k, v in params.items() if k not in names}
+    return {**rest, "layers": jax.tree_util.tree_map(stack, *[params[n] for n in names])}
+
+
+def unstack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The inverse of `stack_layers`: `layers` leaves [L, ...] -> `layer_i` leaves [...]."""
+    if "layers" not in params:
+        raise ValueError("params have no 'layers' entry (are they scanned params?)")
+    for path, x in jax.tree_util.tree_leaves_with_path(params["layers"]):
+        if x.shape[:1] != (num_layers,):
+            key = "/".join(str(getattr(k, "key", k)) for k in path)
+            raise ValueError(
+                f"layers/{key} has shape {list(x.shape)}: expected [{num_layers}, ...]"
+            )
+    rest = {k: v for k, v in params.items() if k != "layers"}
+    layers = {
+        f"layer_{i}": jax.tree_util.tree_map(lambda x, i=i: x[i], params["layers"])
+        for i in range(num_layers)
+    }
+    return {**rest, **layers}
 
 
 def positions_from_mask(mask):

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from replax import evaluation, objectives, sharding
 from replax import replay as replay_lib
@@ -72,31 +73,49 @@ class Fresh:
     lengths: np.ndarray | None  # int[R] completion lengths, all of them; None: nothing generated
 
 
+def _all_processes(local, rows: jax.sharding.NamedSharding | None):
+    """Every process's block of a host array of rows, in block order (`local` itself with
+    one process)."""
+    if rows is None or jax.process_count() == 1:
+        return np.asarray(local)
+    blocks = multihost_utils.process_allgather(np.asarray(local))  # [processes, b, ...]
+    order = multihost_utils.process_allgather(np.int32(sharding.process_block(rows)[0]))
+    return np.concatenate(list(blocks[np.argsort(order)]))
+
+
 def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Fresh:
     """G completions of each prompt of a batch (prompt_ids, prompt_mask, answer) with the
     jitted sampler, scored by the task on the host: the step's one round trip.
 
-    With several processes, `prompts` is this process's block of the global batch
-    (`process_rows` of the sampler's batch sharding); each process decodes and scores
-    the completions its devices hold."""
-    prompt_ids = np.repeat(prompts["prompt_ids"], group_size, axis=0)  # [R_local, P]
-    prompt_mask = np.repeat(prompts["prompt_mask"], group_size, axis=0)
+    Each prompt is prefilled once and its G rows decoded from that cache. With several
+    processes, `prompts` is this process's block of the global batch (`process_rows` of
+    the sampler's batch sharding): every process passes the sampler all prompts, and
+    scores the completions its devices hold."""
     table = rows = None
-    r = len(prompt_ids)  # R, once multiplied by the number of blocks of rows
     if sampler.mesh is not None:
         table = sharding.named(sampler.mesh, ("batch", None), sampler.rules)
         rows = sharding.named(sampler.mesh, ("batch",), sampler.rules)
-        r *= sharding.process_block(rows)[1]
-    prompt_ids = sharding.global_batch(prompt_ids, table, r)
-    prompt_mask = sharding.global_batch(prompt_mask, table, r)
-    out = sampler.generate(params, prompt_ids, prompt_mask, rng)
+    prompt_ids = _all_processes(prompts["prompt_ids"], rows)  # [B, P], all processes'
+    prompt_mask = _all_processes(prompts["prompt_mask"], rows)
+    r = len(prompt_ids) * group_size
+    if rows is not None and jax.process_count() > 1:
+        mine = sharding.process_rows(rows, (r,))
+        if mine.stop - mine.start != len(prompts["prompt_ids"]) * group_size:
+            raise ValueError(
+                f"sampler mesh {dict(sampler.mesh.shape)}: this process holds rows {mine} "
+                f"of {r}, not the completions of its {len(prompts['prompt_ids'])} prompts: "
+                "allowed are sampler meshes that split rows over processes as training does"
+            )
+    out = sampler.generate(params, prompt_ids, prompt_mask, rng, num_samples=group_size)
     answers = np.repeat(prompts["answer"], group_size)
     rewards, errors = evaluation.score(task, tokenizer, sharding.local_rows(out.tokens), answers)
     rewards = sharding.global_batch(rewards, rows, r)
     completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
+    # The rollouts' prompts: each prompt's G rows, laid out as the completions.
+    repeated = lambda x: sharding.global_from_whole(np.repeat(x, group_size, axis=0), table)
     return Fresh(
-        prompt_ids,
-        prompt_mask,
+        repeated(prompt_ids),
+        repeated(prompt_mask),
         completion,
         rewards,
         float(sharding.to_host(rewards).mean()),

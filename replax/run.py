@@ -5,7 +5,8 @@ steps from a validated config (nothing trains, nothing is read or written);
 `prepare_data` builds or reads the task's dataset and the held-out evaluator;
 `initial_params` picks the starting policy (`model.init`: random, a supervised warm start
 that is cached, or a Hugging Face checkpoint); `init_states` places the train and replay
-states on the mesh. `replax.trainer.train` runs them in order, then the loop.
+states on the mesh, and `abstract_states` gives their shapes and shardings for a restore.
+`replax.trainer.train` runs them in order, then the loop.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Run:
 
     @property
     def seq_len(self) -> int:
-        return self.config.rollout.max_prompt_len + self.config.rollout.max_new_tokens
+        return cfg.seq_len(self.config)
 
 
 @dataclasses.dataclass
@@ -70,18 +71,17 @@ def build(config, workdir: str) -> Run:
     """Constructs a run's parts from a validated config; reads and writes nothing.
     On a multi-process launch it first joins the other processes (jax.distributed)."""
     sharding.maybe_initialize_distributed()
-    cfg.validate(config)
+    validated = cfg.validate(config)
     rules = sharding.validate_rules(config.mesh.rules)
     mesh = sharding.make_mesh(config.mesh.shape)
-    mcfg = cfg.model_config(config)
+    mcfg, tokenizer = validated.model_config, validated.tokenizer
     model = model_lib.Transformer(mcfg)
-    tokenizer = cfg.make_tokenizer(config)
     schedule = cfg.make_schedule(config)
     buffer = replay_lib.make_replay_buffer(
         num_shards=sharding.data_parallel_size(mesh, rules), **cfg.replay_buffer_kwargs(config)
     )
     optimizer = train_step_lib.make_optimizer(cfg.optimizer_config(config))
-    seq_len = config.rollout.max_prompt_len + config.rollout.max_new_tokens
+    seq_len = cfg.seq_len(config)
 
     # The replay store, sharded over the data axes like the batch.
     item = rollouts.rollout_spec(seq_len)
@@ -106,6 +106,8 @@ def build(config, workdir: str) -> Run:
         temperature=config.rollout.temperature,
         half_batch_stats=schedule.half_batch_stats,
         vocab_size=tokenizer.sample_limit,
+        mixed_precision=True,
+        **cfg.train_step_kwargs(config),
     )
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
@@ -118,12 +120,14 @@ def build(config, workdir: str) -> Run:
         out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
         donate_argnums=(0,),
     )
+    # Decoding may use a mesh of its own (e.g. tensor-parallel) over the same devices.
+    sampler_mesh = sharding.make_mesh(cfg.sampler_mesh_shape(config))
     sampler = sampler_lib.make_sampler(
         mcfg,
         stop_ids=tokenizer.stop_ids,
         vocab_size=tokenizer.sample_limit,
         pad_id=tokenizer.pad_id,
-        mesh=mesh,
+        mesh=sampler_mesh,
         rules=rules,
         **cfg.sampler_kwargs(config),
     )
@@ -135,7 +139,7 @@ def build(config, workdir: str) -> Run:
         model_config=mcfg,
         model=model,
         tokenizer=tokenizer,
-        task=cfg.make_task_from_config(config, tokenizer),
+        task=validated.task,
         sampler=sampler,
         buffer=buffer,
         optimizer=optimizer,
@@ -174,7 +178,7 @@ def prepare_data(run: Run) -> Data:
         max_prompt_len=c.rollout.max_prompt_len,
         batch_size=c.rollout.prompts_per_step,
         seed=c.seed,
-        block=sharding.process_block(sharding.named(run.mesh, ("batch",), run.rules)),
+        block=sharding.process_block(sharding.named(run.sampler.mesh, ("batch",), run.rules)),
     )
     pairs = data_lib.eval_examples(test, c.eval.num_prompts)
     evaluator = evaluation.Evaluator(
@@ -186,8 +190,9 @@ def prepare_data(run: Run) -> Data:
         max_new_tokens=c.rollout.max_new_tokens,
         pass_k=c.eval.pass_k,
         pass_k_prompts=c.eval.pass_k_prompts,
-        mesh=run.mesh,
+        mesh=run.sampler.mesh,
         rules=run.rules,
+        **cfg.sampler_numerics(c),
     )
     return Data(prompts=prompts, evaluator=evaluator)
 
@@ -247,6 +252,26 @@ assert set(INITIAL_PARAMS) == set(cfg.INITS)
 def initial_params(run: Run, data: Data, log=print):
     """The policy RL starts from, as `model.init` says."""
     return INITIAL_PARAMS[run.config.model.init](run, data, log)
+
+
+def abstract_states(run: Run):
+    """(train_state, replay_state) as ShapeDtypeStructs carrying their shardings: what a
+    checkpoint restores into, computed without allocating (a 7B model's fresh state would
+    otherwise be initialised only to be overwritten)."""
+    train_state = train_step_lib.abstract_train_state(
+        run.model,
+        run.optimizer,
+        run.mesh,
+        run.rules,
+        with_reference=run.config.loss.kl_coef > 0,
+    )
+    item = rollouts.rollout_spec(run.seq_len)
+    replay_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        jax.eval_shape(lambda: run.buffer.init(item)),
+        run.replay_shardings,
+    )
+    return train_state, replay_state
 
 
 def init_states(run: Run, params=None):

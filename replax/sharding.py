@@ -29,6 +29,7 @@ LOGICAL_AXES = (
     "mlp",
     "vocab",
     "buffer",
+    "layers",
 )
 
 # Data parallel over data x fsdp; parameters sharded over fsdp (ZeRO-3 style) and
@@ -43,6 +44,9 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
+    # The stacked layer axis of scanned params (model.scan_layers): every device holds
+    # every layer's shard, as the scan slices one layer per iteration.
+    ("layers", None),
 )
 
 

@@ -5,6 +5,11 @@ forward the policy over prompt + completion, take log-probs of the stored tokens
 the off-policy objective (`replax.objectives`, per sequence and vmapped), and take an
 optax step. Explicit in / out shardings on the mesh, the state donated.
 
+For large models and vocabularies three options bound the memory of a step: the log-probs
+taken a chunk of positions at a time (`replax.logprobs`, no float32 [B, T, V] logits),
+gradient accumulation over microbatches inside the compiled step (one optimizer update),
+and float32 master weights cast once per step to the compute dtype (`mixed_precision`).
+
 A batch is a dict of arrays with leading dimension B:
   tokens              int32[B, L]   prompt (left-padded) + completion (pad after EOS)
   attention_mask      bool[B, L]    valid tokens (prompt and completion)
@@ -26,11 +31,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from replax import logprobs as logprobs_lib
 from replax import model as model_lib
 from replax import objectives, sharding
-from replax.sampler import mask_vocab
+from replax.sampling import mask_vocab
 
 SCHEDULES = ("constant", "cosine", "linear")
+STATE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +54,10 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     # Clip the global gradient norm to this value; 0 disables clipping.
     grad_clip: float = 1.0
+    # Adam's first moment (mu) in this dtype. The second (nu) stays in the params' dtype:
+    # bfloat16 keeps 8 significant bits, so nu * b2 with b2 = 0.999 would round back to nu
+    # and the second moment could never decay.
+    state_dtype: str = "float32"
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -55,6 +66,10 @@ class OptimizerConfig:
             raise ValueError(f"optimizer.learning_rate={self.learning_rate} must be > 0")
         if self.grad_clip < 0:
             raise ValueError(f"optimizer.grad_clip={self.grad_clip} must be >= 0")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(
+                f"optimizer.state_dtype={self.state_dtype!r}: allowed are {STATE_DTYPES}"
+            )
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
@@ -75,7 +90,12 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
         parts.append(optax.clip_by_global_norm(config.grad_clip))
     parts.append(
         optax.adamw(
-            schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
+            schedule,
+            b1=config.b1,
+            b2=config.b2,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            mu_dtype=model_lib.DTYPES[config.state_dtype],
         )
     )
     return optax.chain(*parts)
@@ -111,6 +131,19 @@ def train_state_shardings(model: nn.Module, optimizer, mesh, rules, *, with_refe
     the rule table (the optimizer state follows its parameters); computes no array."""
     abstract = jax.eval_shape(_init_fn(model, optimizer, with_reference), jax.random.key(0))
     return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
+
+
+def abstract_train_state(model: nn.Module, optimizer, mesh, rules, *, with_reference=False):
+    """The TrainState as jax.ShapeDtypeStructs carrying their NamedShardings (those of
+    `train_state_shardings`), computing no array: the target to restore a checkpoint into,
+    or to compile the step ahead of time."""
+    boxed = jax.eval_shape(_init_fn(model, optimizer, with_reference), jax.random.key(0))
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed),
+        shardings,
+    )
 
 
 def init_train_state(
@@ -169,6 +202,9 @@ def make_train_step(
     temperature: float = 1.0,
     half_batch_stats: bool = False,
     vocab_size: int | None = None,
+    logits_chunk_size: int = 0,
+    num_microbatches: int = 1,
+    mixed_precision: bool = False,
 ):
     """The compiled step (state, batch) -> (state, metrics); the state is donated.
 
@@ -179,23 +215,58 @@ def make_train_step(
     half_batch_stats: take the gradient as the mean of the freshest and the stalest half
     of the batch (one vmapped backward pass) and add their statistics (`halves_*`, see
     `half_batch_gradient_stats`) to the metrics; auto replay reads them.
+    logits_chunk_size: take the log-probs and entropy (of the policy and of the KL
+    reference) this many positions at a time, never holding float32 [B, T, V] logits
+    (`logprobs.chunked_token_logprobs_and_entropy`); 0: all positions at once.
+    num_microbatches: accumulate the gradient (in float32) over this many slices of the
+    batch, one optimizer update; loss, gradient and metrics are those of the whole batch.
+    Slice j holds rows j, j + M, j + 2M, ...: every device's shard of the batch gives
+    each slice the same number of rows, so no row moves between devices.
+    mixed_precision: with model.param_dtype wider than model.dtype, cast the master
+    params to model.dtype once per step, on their own sharding (the FSDP all-gathers
+    then move the narrow copy), and run the forward and backward passes on that copy;
+    the gradient is applied to the master params. No effect when the dtypes agree.
     """
+    if logits_chunk_size < 0:
+        raise ValueError(f"train.logits_chunk_size={logits_chunk_size} must be >= 0 (0: unchunked)")
+    if num_microbatches < 1:
+        raise ValueError(f"train.num_microbatches={num_microbatches} must be >= 1")
+    if num_microbatches > 1 and loss_config.name == "m2po":
+        raise ValueError(
+            f"loss.name='m2po' masks tokens over the whole batch: it cannot be split into "
+            f"train.num_microbatches={num_microbatches}"
+        )
     scale = 1.0 / temperature if temperature > 0 else 1.0
+    compute_dtype = model.config.jnp_dtype
+    cast_params = mixed_precision and model.config.jnp_param_dtype != compute_dtype
+    data_shards = sharding.data_parallel_size(mesh, rules)
 
     def logprobs_and_entropy(params, batch):
         tokens, attn = batch["tokens"], batch["attention_mask"]
         positions = model_lib.positions_from_mask(attn)
+        if logits_chunk_size:
+            hidden = model.apply(
+                {"params": params}, tokens, positions, attn, return_hidden=True
+            )  # [B, L, E]
+            return logprobs_lib.chunked_token_logprobs_and_entropy(
+                hidden,
+                model_lib.output_head(params, model.config),
+                tokens,
+                logits_chunk_size,
+                scale=scale,
+                vocab_size=vocab_size,
+            )
         logits = model.apply({"params": params}, tokens, positions, attn) * scale  # [B, L, V]
         logits = mask_vocab(logits, vocab_size)  # the distribution the sampler draws from
         return model_lib.token_logprobs_and_entropy(logits, tokens)
 
-    def loss_fn(params, reference_params, batch):
-        logprobs, entropy = logprobs_and_entropy(params, batch)
-        reference = None
-        if reference_params is not None:
-            reference, _ = logprobs_and_entropy(reference_params, batch)
-            reference = jax.lax.stop_gradient(reference)
-        loss, metrics = objectives.policy_loss(
+    def reference_logprobs(reference_params, batch):
+        if reference_params is None:
+            return None
+        return jax.lax.stop_gradient(logprobs_and_entropy(reference_params, batch)[0])
+
+    def batch_loss(logprobs, entropy, reference, batch):
+        return objectives.policy_loss(
             logprobs,
             batch["behaviour_logprobs"],
             batch["loss_mask"],
@@ -208,18 +279,91 @@ def make_train_step(
             entropy=entropy if loss_config.entropy_coef else jax.lax.stop_gradient(entropy),
             sample_weights=batch["importance_weights"],
         )
-        return loss, metrics
+
+    def loss_fn(params, reference_params, batch):
+        logprobs, entropy = logprobs_and_entropy(params, batch)
+        return batch_loss(logprobs, entropy, reference_logprobs(reference_params, batch), batch)
+
+    def microbatch_loss_fn(params, reference_params, micro, whole_denominator):
+        """The microbatch's loss as its share of the whole batch's, and its per-token
+        log-probs, entropy and reference log-probs (no gradient) for the metrics."""
+        logprobs, entropy = logprobs_and_entropy(params, micro)
+        reference = reference_logprobs(reference_params, micro)
+        loss, _ = batch_loss(logprobs, entropy, reference, micro)
+        share = _loss_denominator(micro["loss_mask"], loss_config.aggregation) / whole_denominator
+        per_token = (jax.lax.stop_gradient(logprobs), jax.lax.stop_gradient(entropy), reference)
+        return loss * share, per_token
+
+    def gradient(params, reference_params, batch):
+        """(grads, metrics) of the loss of the batch, in num_microbatches slices."""
+        if num_microbatches == 1:
+            (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, reference_params, batch
+            )
+            return grads, metrics
+        m, rows = num_microbatches, batch["tokens"].shape[0]
+
+        def split(x):  # [B, ...] -> [M, B / M, ...], slice j = rows j, j + M, ...
+            x = x.reshape(rows // m, m, *x.shape[1:]).swapaxes(0, 1)
+            return model_lib.constrain(x, (None, "batch") + (None,) * (x.ndim - 2))
+
+        def merge(x):  # [M, B / M, ...] -> [B, ...], the rows in their order
+            return x.swapaxes(0, 1).reshape(rows, *x.shape[2:])
+
+        whole_denominator = _loss_denominator(batch["loss_mask"], loss_config.aggregation)
+
+        def accumulate(grads, micro):
+            micro_grads, per_token = jax.grad(microbatch_loss_fn, has_aux=True)(
+                params, reference_params, micro, whole_denominator
+            )
+            grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads, micro_grads)
+            return grads, per_token
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        grads, per_token = jax.lax.scan(accumulate, zeros, jax.tree.map(split, batch))
+        # Metrics of the whole batch (means, maxima, the ESS), as the single pass has them.
+        logprobs, entropy, reference = jax.tree.map(merge, per_token)  # [B, L] each
+        _, metrics = batch_loss(logprobs, entropy, reference, batch)
+        return grads, metrics
+
+    def check_batch_size(batch):
+        if num_microbatches == 1:
+            return
+        batch_size = batch["tokens"].shape[0]
+        rows, what = batch_size, f"train.batch_size={batch_size}"
+        if half_batch_stats:  # each half is split
+            rows, what = (
+                batch_size // 2,
+                f"half of train.batch_size={batch_size} (half_batch_stats)",
+            )
+        if rows % num_microbatches:
+            raise ValueError(f"train.num_microbatches={num_microbatches} must divide {what}")
+        if (rows // num_microbatches) % data_shards:
+            raise ValueError(
+                f"train.num_microbatches={num_microbatches} leaves {rows // num_microbatches} "
+                f"rows per microbatch of {what}: not divisible by the {data_shards} "
+                "data-parallel shards"
+            )
 
     def step(state: TrainState, batch):
+        check_batch_size(batch)
+        # MIXED PRECISION: one cast of the master weights, on their own sharding.
+        params, reference_params = state.params, state.reference_params
+        if cast_params:
+            params = _cast_floating(params, compute_dtype, state_shardings.params)
+            if reference_params is not None:
+                reference_params = _cast_floating(
+                    reference_params, compute_dtype, state_shardings.reference_params
+                )
         # LOSS AND GRADIENT
         if half_batch_stats:
-            grad_fn = lambda p, b: jax.grad(loss_fn, has_aux=True)(p, state.reference_params, b)
-            grads, metrics, halves = half_batch_gradient_stats(grad_fn, state.params, batch)
+            grad_fn = lambda p, b: gradient(p, reference_params, b)
+            grads, metrics, halves = half_batch_gradient_stats(grad_fn, params, batch)
             metrics = {**metrics, **halves}
         else:
-            (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                state.params, state.reference_params, batch
-            )
+            grads, metrics = gradient(params, reference_params, batch)
+        if cast_params or num_microbatches > 1:  # to the master params' dtype
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         # OPTIMIZER UPDATE, skipped whole when the loss, the gradient or the update is not
         # finite: one bad batch (or a rate that overflows) must not turn the parameters or
         # Adam's moments into NaN.
@@ -243,6 +387,27 @@ def make_train_step(
         return new_state, metrics
 
     return sharding.jit_state_step(step, mesh, rules, state_shardings, batch_sharding)
+
+
+def _loss_denominator(loss_mask, aggregation: str):
+    """What `objectives.policy_loss` divides the summed loss of a batch by: its valid
+    tokens (token_mean) or its sequences with a valid token (sequence_mean), at least 1."""
+    mask = jax.lax.stop_gradient(loss_mask).astype(jnp.float32)  # [B, L]
+    if aggregation == "token_mean":
+        return jnp.maximum(mask.sum(), 1.0)
+    return jnp.maximum(jnp.sum(mask.sum(axis=1) > 0), 1).astype(jnp.float32)
+
+
+def _cast_floating(params, dtype, shardings):
+    """The floating-point leaves of params cast to dtype, constrained to the params' own
+    shardings: each device casts its shard, and what is all-gathered later is the cast."""
+
+    def cast(x, x_sharding):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return jax.lax.with_sharding_constraint(x.astype(dtype), x_sharding)
+
+    return jax.tree.map(cast, params, shardings)
 
 
 def half_batch_gradient_stats(grad_fn, params, batch):

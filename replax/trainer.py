@@ -27,7 +27,15 @@ from replax import checkpoint as checkpoint_lib
 from replax import flops as flops_lib
 from replax import metrics as metrics_lib
 from replax import train_step as train_step_lib
-from replax.run import Data, Run, build, init_states, initial_params, prepare_data
+from replax.run import (
+    Data,
+    Run,
+    abstract_states,
+    build,
+    init_states,
+    initial_params,
+    prepare_data,
+)
 
 
 def train(config, workdir: str, log=print) -> dict[str, Any]:
@@ -89,7 +97,7 @@ def new_loop_state(run: Run) -> LoopState:
 def restore(run: Run, checkpointer, prompt_iter, log=print):
     """(train_state, replay_state, LoopState) of the newest readable checkpoint, the
     prompt iterator restored in place; None when there is none."""
-    train_state, replay_state = init_states(run)  # the structure and shardings to fill
+    train_state, replay_state = abstract_states(run)  # the structure and shardings to fill
     restored = checkpointer.restore_latest(
         train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter, log=log
     )

@@ -26,6 +26,13 @@ Groups:
            decode_matmul_gflops_b{8,64}, decode_matmul_fraction_b{8,64}: one decode step's
            weight matmuls alone (fused projections, one program) against the probe's
            matmul rate, the ceiling of the roofline fraction for a compute-bound decode.
+  top_p    sampler_top_p_s_b8, sampler_top_p1_s_b8: median seconds of one sampler call
+           (B = 8, prompt 16, 16 new tokens, temperature 1) with top_p = 0.95 and with
+           top_p = 1 (no filter), the reference model with vocabulary 151,936 (Qwen2's)
+           and its final norm scaled x8 so that, like a trained model's, the distribution
+           is peaked (sampler_top_p_candidate_mass_min: the least probability the 64
+           candidates hold over the rows' first step; below 0.95 the full sort runs);
+           sampler_top_p_time_ratio = top_p 0.95 / top_p 1.
   replay   replay_add_us, replay_sample_us (N = 4096 slots) and the `_64k` keys (N = 65536):
            median microseconds of one jitted, blocking call (state donated) that adds 64 /
            samples 64 LLM-shaped items (tokens int32[160], behaviour log-probs and loss mask
@@ -294,6 +301,68 @@ def bench_sampler(repeats: int) -> dict:
     return out
 
 
+TOP_P_VOCAB = 151_936
+TOP_P_NEW_TOKENS = 16
+
+
+def bench_top_p(repeats: int) -> dict:
+    import dataclasses
+
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from replax import model as model_lib
+    from replax import sampler as sampler_lib
+
+    config = dataclasses.replace(
+        reference_model_config(),
+        vocab_size=TOP_P_VOCAB,
+        max_len=PROMPT_LEN + TOP_P_NEW_TOKENS,
+    )
+    model = model_lib.Transformer(config)
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), dummy, dummy))["params"]
+    # Logits of std ~8 over 152k tokens: a few tokens hold most of the mass.
+    params["final_norm"]["scale"] = params["final_norm"]["scale"] * 8.0
+    batch = 8
+    prompts = np.random.default_rng(0).integers(2, config.vocab_size, (batch, PROMPT_LEN))
+    prompt_ids = jnp.asarray(prompts, jnp.int32)
+    prompt_mask = jnp.ones((batch, PROMPT_LEN), bool)
+    sampler = sampler_lib.make_sampler(
+        config,
+        max_prompt_len=PROMPT_LEN,
+        max_new_tokens=TOP_P_NEW_TOKENS,
+        stop_ids=(1,),
+        pad_id=0,
+        temperature=1.0,
+    )
+    args = (params, prompt_ids, prompt_mask, jax.random.key(1))
+    generate = {top_p: functools.partial(sampler.generate, top_p=top_p) for top_p in (0.95, 1.0)}
+    steps = {top_p: int(jnp.max(fn(*args).lengths)) for top_p, fn in generate.items()}
+    times = {top_p: [] for top_p in generate}
+    for _ in range(repeats):  # interleaved: each sees the same load
+        for top_p, fn in generate.items():
+            times[top_p].append(timed(fn, *args))
+    positions = model_lib.positions_from_mask(prompt_mask)
+    logits = jax.jit(model.apply)({"params": params}, prompt_ids, positions, prompt_mask)
+    first = jax.nn.softmax(logits[:, -1], axis=-1)
+    candidate_mass = jnp.sum(jax.lax.top_k(first, 64)[0], axis=-1)
+    top_p_s, top_p1_s = statistics.median(times[0.95]), statistics.median(times[1.0])
+    return {
+        "sampler_top_p_s_b8": top_p_s,
+        "sampler_top_p1_s_b8": top_p1_s,
+        "sampler_top_p_time_ratio": top_p_s / top_p1_s,
+        "sampler_top_p_seconds_b8": sorted(times[0.95]),
+        "sampler_top_p1_seconds_b8": sorted(times[1.0]),
+        "sampler_top_p_steps": [steps[0.95], steps[1.0]],
+        "sampler_top_p_candidate_mass_min": float(jnp.min(candidate_mass)),
+        "sampler_top_p_vocab_size": TOP_P_VOCAB,
+        "sampler_top_p_candidates": sampler.sampling.top_p_candidates,
+    }
+
+
 REPLAY_CAPACITIES = {"": 4096, "_64k": 65536}
 ITEM_LEN = 160  # tokens per rollout: 16 prompt + 144 completion
 REPLAY_BATCH = 64
@@ -553,6 +622,7 @@ def bench_train(repeats: int) -> dict:
 GROUPS = {
     "machine": bench_machine,
     "sampler": bench_sampler,
+    "top_p": bench_top_p,
     "replay": bench_replay,
     "train": bench_train,
 }

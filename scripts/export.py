@@ -56,7 +56,7 @@ def main(argv):
         run = run_lib.build(config, workdir)
     except ConfigError as e:
         _fail(str(e))
-    train_state, _ = run_lib.init_states(run)  # the structure to restore into
+    train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
     reader = checkpoint.Checkpointer(ckpt_dir)
     try:
         steps = reader.manager.all_steps()

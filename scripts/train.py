@@ -73,7 +73,7 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
     import jax
 
-    from replax import config_utils, configuration, runtime, sharding, trainer
+    from replax import config_utils, runtime, sharding, trainer
 
     config_file = flags.FLAGS["config"].config_filename.split(":")[0]
     if not os.path.isfile(config_file):
@@ -89,8 +89,7 @@ def main(argv):
         )
     except (ValueError, TypeError, RuntimeError) as e:
         _fail(f"jax.distributed: {_one_line(e)}")
-    try:
-        configuration.validate(config)
+    try:  # train validates the config before it creates anything
         summary = trainer.train(config, _WORKDIR.value)
     except config_utils.ConfigError as e:
         _fail(str(e))

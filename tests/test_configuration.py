@@ -49,6 +49,23 @@ BAD_SETTINGS = [
     ({"model.num_kv_heads": 3}, "num_kv_heads"),
     ({"tokenizer.name": "sentencepiece"}, "tokenizer.name"),
     ({"mesh.shape": (3, 1, 1)}, "mesh"),
+    ({"model.remat_policy": "dots"}, "model.remat_policy"),
+    ({"model.attention": "flash"}, "model.attention"),
+    # A TPU kernel on the CPU: refused before compiling, with what runs here.
+    ({"model.attention": "splash"}, "model.attention"),
+    ({"model.scan_layers": "yes"}, "model.scan_layers"),
+    ({"train.num_microbatches": 3}, "train.num_microbatches"),
+    ({"train.num_microbatches": 0}, "train.num_microbatches"),
+    ({"train.num_microbatches": 2, "loss.name": "m2po"}, "train.num_microbatches"),
+    # Auto mode splits each half of B = 16: 8 / 2 = 4 rows do not split over 8 shards.
+    ({"train.num_microbatches": 2, "replay.mode": "auto"}, "half of train.batch_size"),
+    ({"train.logits_chunk_size": -8}, "train.logits_chunk_size"),
+    ({"optimizer.state_dtype": "int8"}, "optimizer.state_dtype"),
+    ({"rollout.dtype": "float8"}, "rollout.dtype"),
+    ({"rollout.cache_dtype": "int4"}, "rollout.cache_dtype"),
+    ({"rollout.top_p_candidates": 0}, "rollout.top_p_candidates"),
+    ({"rollout.mesh_shape": (3, 1, 1)}, "rollout.mesh_shape"),
+    ({"rollout.mesh_shape": (1, 1, 8)}, "rollout.mesh_shape"),
     # 3 prompts x pass_k 2 = 6 rows do not split over the 8 data shards.
     ({"eval.pass_k_prompts": 3}, "eval.pass_k_prompts"),
     ({"task.data_dir": "/nonexistent/replax"}, "task.data_dir"),

@@ -77,9 +77,9 @@ class ScriptedSampler:
     def __init__(self, tokenizer, completions):
         self.tokenizer, self.completions, self.calls = tokenizer, completions, []
 
-    def generate(self, params, prompt_ids, prompt_mask, rng):
-        self.calls.append((np.asarray(prompt_ids), np.asarray(prompt_mask)))
-        assert len(prompt_ids) == len(self.completions)
+    def generate(self, params, prompt_ids, prompt_mask, rng, num_samples=1):
+        self.calls.append((np.asarray(prompt_ids), np.asarray(prompt_mask), num_samples))
+        assert len(prompt_ids) * num_samples == len(self.completions)
         width = 4
         tokens = np.zeros((len(self.completions), width), np.int32)
         mask = np.zeros((len(self.completions), width), bool)
@@ -128,14 +128,17 @@ def test_evaluator_scores_greedy_and_pass_at_k_rows_per_prompt():
     assert result["eval_pass_at_2"] == result["eval_pass_at_k"] == pytest.approx(0.5)
     # Every sampled row has 2 generated tokens (digit, EOS) at log-prob -1, -2, -3, -4.
     assert result["entropy"] == pytest.approx(2.5)
-    ((greedy_ids, greedy_mask),) = evaluator.greedy.calls
-    ((sample_ids, sample_mask),) = evaluator.sample.calls
+    ((greedy_ids, greedy_mask, greedy_k),) = evaluator.greedy.calls
+    ((sample_ids, sample_mask, sample_k),) = evaluator.sample.calls
     prompt_ids, prompt_mask = encode_prompts(TOKENIZER, [e.prompt for e in examples], 6)
     np.testing.assert_array_equal(greedy_ids, prompt_ids)
     np.testing.assert_array_equal(greedy_mask, prompt_mask)
-    # Each prompt's k samples are adjacent rows: 1+1=, 1+1=, 2+3=, 2+3=.
-    np.testing.assert_array_equal(sample_ids, prompt_ids[[0, 0, 1, 1]])
-    np.testing.assert_array_equal(sample_mask, prompt_mask[[0, 0, 1, 1]])
+    assert greedy_k == 1
+    # pass@k: the first 2 prompts once each, k = 2 samples of each (adjacent rows
+    # 1+1=, 1+1=, 2+3=, 2+3= of the output).
+    np.testing.assert_array_equal(sample_ids, prompt_ids[:2])
+    np.testing.assert_array_equal(sample_mask, prompt_mask[:2])
+    assert sample_k == 2
 
 
 def test_evaluator_without_pass_at_k_runs_only_the_greedy_sampler():

@@ -559,3 +559,58 @@ def test_save_pretrained_with_tokenizer(tmp_path):
     }
     with open(tmp_path / "out" / "config.json") as f:
         assert json.load(f)["dtype"] == "float32"
+
+
+# ---------------------------------------------------------------------------------------
+# Scanned layers (model.scan_layers): the same files, params stacked over layers.
+
+
+def test_scanned_model_round_trips_through_the_same_files(tmp_path):
+    config = dataclasses.replace(TINY, qk_norm=True)
+    scanned = dataclasses.replace(config, scan_layers=True)
+    params = random_params(config)
+    stacked = model_lib.stack_layers(params, config.num_layers)
+    # The HF tensors of the stacked params are those of the unrolled ones.
+    unrolled_tensors = hf_layout.params_to_hf(params, config)
+    scanned_tensors = hf_layout.params_to_hf(stacked, scanned)
+    assert list(scanned_tensors) == list(unrolled_tensors)
+    for name, x in unrolled_tensors.items():
+        np.testing.assert_array_equal(scanned_tensors[name], x)
+    hf.save_pretrained(str(tmp_path), scanned, stacked, max_shard_bytes=20_000)
+    loaded_config, loaded = hf.load_pretrained(str(tmp_path), scan_layers=True)
+    assert loaded_config == scanned
+    assert_trees_equal(loaded, stacked)
+    assert loaded["layers"]["attn"]["q"].shape == (2, 32, 4, 16)
+    with pytest.raises(ValueError, match="no 'layers' entry"):
+        hf_layout.params_to_hf(params, scanned)
+
+
+def test_load_pretrained_sharded_scanned_reads_each_layer_block(tmp_path, monkeypatch):
+    config = dataclasses.replace(TINY, tie_embeddings=False, num_kv_heads=4)
+    params = random_params(config)
+    hf.save_pretrained(str(tmp_path), config, params)
+    reads = []
+    original = hf_layout.read_block
+
+    def counting(view, entry, index):
+        block = original(view, entry, index)
+        reads.append((entry.hf_name, block.size))
+        return block
+
+    monkeypatch.setattr(hf_layout, "read_block", counting)
+    mesh = sharding.make_mesh((1, 2, 4))
+    scanned_config, sharded = hf.load_pretrained_sharded(str(tmp_path), mesh, scan_layers=True)
+    assert scanned_config.scan_layers
+    expected = hf.shard_params(
+        model_lib.stack_layers(params, 2), scanned_config, mesh, sharding.DEFAULT_RULES
+    )
+    assert jax.tree_util.tree_structure(sharded) == jax.tree_util.tree_structure(expected)
+    for x, y in zip(jax.tree_util.tree_leaves(sharded), jax.tree_util.tree_leaves(expected)):
+        assert x.sharding == y.sharding and x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    q = sharded["layers"]["attn"]["q"]  # [L, E, H, D] over (None, fsdp, tensor, None)
+    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+    # Every layer's q_proj is read in 2 x 4 distinct blocks of an eighth of it, once each.
+    for layer in range(2):
+        name = f"model.layers.{layer}.self_attn.q_proj.weight"
+        assert [size for n, size in reads if n == name] == [32 * 4 * 16 // 8] * 8

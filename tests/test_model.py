@@ -1,4 +1,6 @@
-"""The policy: cached step forward against the full forward, config checks, sharding."""
+"""The policy: cached step forward against the full forward, config checks, sharding,
+and the layouts and kernels that must compute the same function (scan vs unrolled, remat
+policies, attention kernels)."""
 
 import dataclasses
 
@@ -9,8 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from replax import attention, sharding
 from replax import model as model_lib
-from replax import sharding
 
 TINY = model_lib.ModelConfig(
     vocab_size=64,
@@ -204,3 +206,217 @@ def test_unknown_axes_in_rules_raise():
         sharding.validate_rules([("sequence", "data")])
     with pytest.raises(ValueError, match="unknown mesh axis 'model'"):
         sharding.validate_rules([("heads", "model")])
+
+
+def test_sharded_scanned_params_carry_the_layers_axis():
+    config = dataclasses.replace(TINY, qkv_bias=True, scan_layers=True)
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    abstract = jax.eval_shape(
+        lambda: model_lib.Transformer(config).init(jax.random.key(0), dummy, dummy)
+    )
+    q = abstract["params"]["layers"]["attn"]["q"]
+    assert q.names == ("layers", "embed", "heads", "head_dim") and q.value.shape == (2, 32, 4, 8)
+    mesh = sharding.make_mesh((2, 2, 2))
+    shardings = sharding.params_shardings(mesh, abstract, sharding.DEFAULT_RULES)["params"]
+    assert shardings["layers"]["attn"]["q"].spec == P(None, "fsdp", "tensor", None)
+    assert shardings["layers"]["mlp"]["down"].spec == P(None, "tensor", "fsdp")
+    assert model_lib.cache_axes(config) == ("layers", *model_lib.CACHE_AXES)
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts, remat and attention kernels: the same function as the default model.
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hidden_states_times_output_head_are_the_logits(scan_layers, dtype):
+    for variant in ("base", "untied"):
+        config = dataclasses.replace(
+            TINY, dtype=dtype, scan_layers=scan_layers, **VARIANTS[variant]
+        )
+        params = init_params(config)
+        tokens, mask = left_padded_batch()
+        positions = model_lib.positions_from_mask(mask)
+        model = model_lib.Transformer(config)
+        logits = model.apply({"params": params}, tokens, positions, mask)
+        hidden = model.apply({"params": params}, tokens, positions, mask, return_hidden=True)
+        head = model_lib.output_head(params, config)
+        assert hidden.shape == (2, 8, 32) and hidden.dtype == config.jnp_dtype
+        assert head.shape == (32, 64) and head.dtype == config.jnp_dtype
+        rebuilt = model_lib.dense(hidden, head).astype(jnp.float32)
+        np.testing.assert_array_equal(np.asarray(rebuilt), np.asarray(logits))
+
+
+def test_stack_and_unstack_layers_convert_between_layouts():
+    params = init_params(TINY)
+    stacked = model_lib.stack_layers(params, 2)
+    assert "layer_0" not in stacked and stacked["embedding"] is params["embedding"]
+    assert stacked["layers"]["mlp"]["up"].shape == (2, 32, 64)
+    np.testing.assert_array_equal(stacked["layers"]["mlp"]["up"][1], params["layer_1"]["mlp"]["up"])
+    back = model_lib.unstack_layers(stacked, 2)
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    host = jax.tree_util.tree_map(np.asarray, params)  # numpy leaves stay numpy
+    assert isinstance(model_lib.stack_layers(host, 2)["layers"]["attn"]["q"], np.ndarray)
+    with pytest.raises(ValueError, match="layer_0..layer_2"):
+        model_lib.stack_layers(params, 3)
+    with pytest.raises(ValueError, match=r"expected \[3, ...\]"):
+        model_lib.unstack_layers(stacked, 3)
+
+
+def _loss_and_grads(config, params):
+    """Logits and gradients of a loss that weighs every vocabulary entry differently."""
+    tokens, mask = left_padded_batch()
+    positions = model_lib.positions_from_mask(mask)
+    model = model_lib.Transformer(config)
+
+    def loss(p):
+        logits = model.apply({"params": p}, tokens, positions, mask)
+        return jnp.sum(jax.nn.log_softmax(logits) * jnp.linspace(-1, 1, 64)), logits
+
+    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    if config.scan_layers:
+        grads = model_lib.unstack_layers(grads, config.num_layers)
+    return logits, grads
+
+
+def _assert_trees_close(a, b, tol=1e-5):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("remat_policy", list(model_lib.REMAT_POLICIES))
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_scan_and_remat_give_the_logits_and_gradients_of_the_unrolled_model(
+    scan_layers, remat_policy
+):
+    config = dataclasses.replace(TINY, qkv_bias=True, qk_norm=True)
+    params = init_params(config)
+    want_logits, want_grads = _loss_and_grads(config, params)
+    changed = dataclasses.replace(config, scan_layers=scan_layers, remat_policy=remat_policy)
+    logits, grads = _loss_and_grads(
+        changed, model_lib.stack_layers(params, 2) if scan_layers else params
+    )
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), rtol=1e-5, atol=1e-5)
+    _assert_trees_close(grads, want_grads)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_dot_product_attention_matches_einsum_full_and_cached(scan_layers):
+    config = dataclasses.replace(TINY, qkv_bias=True)
+    params = init_params(config)
+    want_logits, want_grads = _loss_and_grads(config, params)
+    changed = dataclasses.replace(config, scan_layers=scan_layers, attention="dot_product")
+    if scan_layers:
+        params = model_lib.stack_layers(params, 2)
+    logits, grads = _loss_and_grads(changed, params)
+    valid = np.asarray(left_padded_batch()[1])
+    np.testing.assert_allclose(
+        np.asarray(logits)[valid], np.asarray(want_logits)[valid], rtol=1e-5, atol=1e-5
+    )
+    _assert_trees_close(grads, want_grads)
+
+    # The step forward: prefill 3 slots of a 12-slot cache, then one token per call.
+    tokens, mask = left_padded_batch()
+    positions = model_lib.positions_from_mask(mask)
+    cache = model_lib.init_cache(changed, 2, cache_len=12)
+    kv_mask = jnp.concatenate([mask, jnp.ones((2, 4), bool)], axis=1)  # [B, 12]
+    step = jax.jit(
+        lambda c, t, pos, i: model_lib.Transformer(changed).apply(
+            {"params": params}, t, pos, cache=c, cache_index=i, kv_mask=kv_mask
+        )
+    )
+    logits, cache = step(cache, tokens[:, :3], positions[:, :3], 0)
+    cached = [logits]
+    for i in range(3, 8):
+        logits, cache = step(cache, tokens[:, i : i + 1], positions[:, i : i + 1], i)
+        cached.append(logits)
+    cached = np.asarray(jnp.concatenate(cached, axis=1))
+    np.testing.assert_allclose(cached[valid], np.asarray(want_logits)[valid], rtol=1e-5, atol=1e-5)
+    if scan_layers:  # one stacked cache: [L, B, KV, S, D]
+        assert set(cache) == {"k", "v"} and cache["k"].shape == (2, 2, 2, 12, 8)
+    else:
+        assert len(cache) == 2 and cache[0]["k"].shape == (2, 2, 12, 8)
+
+
+def test_scanned_cached_steps_match_full_forward_with_einsum():
+    config = dataclasses.replace(TINY, qk_norm=True, scan_layers=True)
+    params = init_params(config)
+    model = model_lib.Transformer(config)
+    tokens, mask = left_padded_batch()
+    positions = model_lib.positions_from_mask(mask)
+    full = model.apply({"params": params}, tokens, positions, mask)
+    cache = model_lib.init_cache(config, 2, cache_len=8)
+    cached, cache = model.apply(
+        {"params": params}, tokens, positions, cache=cache, cache_index=0, kv_mask=mask
+    )
+    valid = np.asarray(mask)
+    np.testing.assert_allclose(
+        np.asarray(cached)[valid], np.asarray(full)[valid], rtol=1e-5, atol=1e-5
+    )
+
+
+def test_mixed_precision_computes_in_bfloat16_in_every_layout():
+    base = dataclasses.replace(TINY, param_dtype="float32", dtype="bfloat16")
+    params = init_params(base)  # float32 parameters
+    tokens, mask = left_padded_batch()
+    positions = model_lib.positions_from_mask(mask)
+    want = model_lib.Transformer(base).apply({"params": params}, tokens, positions, mask)
+    config = dataclasses.replace(
+        base, scan_layers=True, remat_policy="save_dots", attention="dot_product"
+    )
+    model = model_lib.Transformer(config)
+    stacked = model_lib.stack_layers(params, 2)
+    hidden = model.apply({"params": stacked}, tokens, positions, mask, return_hidden=True)
+    assert hidden.dtype == jnp.bfloat16
+    got = model.apply({"params": stacked}, tokens, positions, mask)
+    valid = np.asarray(mask)
+    # bfloat16 both, rounded in a different order (float32 scores in dot_product): a few
+    # bfloat16 steps apart, as in test_bfloat16_matches_float32_within_bfloat16_rounding.
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=0.15)
+    jaxpr = str(
+        jax.make_jaxpr(lambda p: model.apply({"params": p}, tokens, positions, mask))(stacked)
+    )
+    assert "bf16[" in jaxpr and "dot_general" in jaxpr
+
+
+@pytest.mark.parametrize(
+    "field, value", [("remat_policy", "x"), ("attention", "flash"), ("scan_layers", 1)]
+)
+def test_invalid_layout_and_kernel_options_raise_one_line(field, value):
+    with pytest.raises(ValueError, match=f"model.{field}={value!r}: allowed are") as error:
+        dataclasses.replace(TINY, **{field: value})
+    assert "\n" not in str(error.value)
+
+
+def test_splash_is_refused_off_tpu():
+    config = dataclasses.replace(TINY, attention="splash")
+    with pytest.raises(ValueError, match="model.attention='splash' needs a TPU"):
+        model_lib.check_attention_backend(config, "cpu")
+    model_lib.check_attention_backend(config, "tpu")
+    model_lib.check_attention_backend(TINY, "cpu")
+    tokens, mask = left_padded_batch()
+    with pytest.raises(ValueError, match="needs a TPU"):
+        model_lib.Transformer(config).apply(
+            {"params": init_params(TINY)}, tokens, model_lib.positions_from_mask(mask), mask
+        )
+
+
+def test_splash_attention_in_the_pallas_interpreter_matches_einsum(monkeypatch):
+    # The TPU kernel run by the Pallas interpreter on CPU (slow: one scanned layer, one
+    # 128-token block). Valid queries must see exactly what the [B, T, T] mask allows.
+    monkeypatch.setattr(attention, "check_attention_backend", lambda config, backend: None)
+    config = dataclasses.replace(TINY, scan_layers=True, qkv_bias=True)
+    params = init_params(config)
+    tokens, mask = left_padded_batch()
+    positions = model_lib.positions_from_mask(mask)
+    want = model_lib.Transformer(config).apply({"params": params}, tokens, positions, mask)
+    splash = dataclasses.replace(config, attention="splash")
+    got = jax.jit(
+        lambda p: model_lib.Transformer(splash).apply({"params": p}, tokens, positions, mask)
+    )(params)
+    valid = np.asarray(mask)
+    np.testing.assert_allclose(
+        np.asarray(got)[valid], np.asarray(want)[valid], rtol=1e-5, atol=1e-5
+    )

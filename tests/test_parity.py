@@ -200,6 +200,25 @@ def test_logits_match_transformers(checkpoints, name, storage):
         assert np.abs(_logits(unscaled, params, tokens, mask) - expected).max() > 100 * TOL
 
 
+def test_scanned_layers_logits_match_transformers(checkpoints):
+    # Scanned layers with full remat and dot_product attention, each device reading its
+    # block of every layer from the shards: the logits of transformers' own model.
+    path = checkpoints("qwen3", "sharded")
+    tokens = _tokens(2, (2, 24))
+    mask = np.ones_like(tokens, dtype=bool)
+    mask[1, :5] = False  # left padding
+    expected = _torch_logits(_hf_model(path), tokens, mask)
+    mesh = sharding.make_mesh((1, 4, 2))
+    config, params = hf.load_pretrained_sharded(
+        str(path), mesh, max_len=24, scan_layers=True, remat_policy="full", attention="dot_product"
+    )
+    assert params["layers"]["attn"]["q"].shape[0] == config.num_layers > 1
+    got = _logits(config, params, tokens, mask)
+    diff = float(np.abs(got - expected)[mask].max())
+    FIGURES["logits qwen3 scanned"] = diff
+    assert np.abs(expected).max() > 3.0 and diff < TOL
+
+
 # ---------------------------------------------------------------------------------------
 # Greedy decoding, behaviour log-probs and the export, against transformers.
 

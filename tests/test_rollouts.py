@@ -107,3 +107,65 @@ def test_first_step_train_logprobs_equal_the_samplers_behaviour_logprobs(tmp_pat
     assert record["rollouts_kept"] == 8 and record["gen_tokens"] > 8
     assert abs(record["is_ratio_mean"] - 1.0) < 1e-5, record["is_ratio_mean"]
     assert record["clip_frac"] == 0.0
+
+
+def test_generate_and_score_prefills_each_prompt_once_as_repeated_prompts_would():
+    """G completions of each prompt from one prefill per prompt: on a (2, 2, 2) mesh, whose
+    4 data shards do not divide the 2 prompts, the rollouts (tokens, log-probs, rewards,
+    their repeated prompts) are those of the 2 x G repeated prompts, greedy and sampled."""
+    import flax.linen as nn
+
+    from replax import model as model_lib
+    from replax import sampler as sampler_lib
+    from replax import sharding
+    from replax.tasks.arith import EASY, ArithTask
+    from replax.tokenizer import ByteTokenizer, encode_prompts
+
+    tokenizer, task, group = ByteTokenizer(), ArithTask(EASY), 4
+    config = model_lib.ModelConfig(
+        vocab_size=264,  # the tokenizer's 259 ids, padded to split over 2 tensor shards
+        num_layers=1,
+        d_model=16,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=32,
+        max_len=24,
+    )
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    variables = jax.jit(model_lib.Transformer(config).init)(jax.random.key(0), dummy, dummy)
+    params = nn.unbox(variables)["params"]
+    examples = task.examples("train", 2)
+    ids, mask = encode_prompts(tokenizer, [e.prompt for e in examples], 12)
+    prompts = {
+        "prompt_ids": ids,
+        "prompt_mask": mask,
+        "answer": np.array([e.answer for e in examples]),
+    }
+    for temperature in (0.0, 1.0):
+        sampler = sampler_lib.make_sampler(
+            config,
+            max_prompt_len=12,
+            max_new_tokens=6,
+            stop_ids=tokenizer.stop_ids,
+            pad_id=tokenizer.pad_id,
+            vocab_size=tokenizer.vocab_size,
+            temperature=temperature,
+            mesh=sharding.make_mesh((2, 2, 2)),
+        )
+        key = jax.random.key(3)
+        fresh = rollouts.generate_and_score(sampler, task, tokenizer, group, params, prompts, key)
+        repeated = sampler.generate(
+            params, np.repeat(ids, group, axis=0), np.repeat(mask, group, axis=0), key
+        )
+        np.testing.assert_array_equal(np.asarray(fresh.prompt_ids), np.repeat(ids, group, axis=0))
+        np.testing.assert_array_equal(np.asarray(fresh.prompt_mask), np.repeat(mask, group, axis=0))
+        for field in ("tokens", "mask"):
+            np.testing.assert_array_equal(
+                np.asarray(fresh.completion[field]), np.asarray(getattr(repeated, field))
+            )
+        np.testing.assert_allclose(
+            fresh.completion["logprobs"], repeated.logprobs, rtol=1e-5, atol=1e-5
+        )
+        assert np.asarray(fresh.rewards).shape == (2 * group,)
+        np.testing.assert_array_equal(fresh.lengths, np.asarray(repeated.lengths))

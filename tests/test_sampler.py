@@ -11,7 +11,7 @@ import pytest
 
 from replax import model as model_lib
 from replax import sampler as sampler_lib
-from replax import sharding
+from replax import sampling, sharding
 
 CONFIG = model_lib.ModelConfig(
     vocab_size=64,
@@ -228,6 +228,167 @@ def test_sample_k_repeats_each_prompt(params):
     assert len({tuple(row) for row in np.asarray(out.tokens)[0]}) > 1
 
 
+@pytest.mark.parametrize("mesh_shape", [None, (2, 2, 2)])
+def test_prefill_once_per_prompt_gives_the_repeated_prompts_completions(params, mesh_shape):
+    """num_samples=G prefills the B prompts once and decodes B x G rows: the same tokens
+    (greedy, and sampled at fp32 under the same rng) as B x G repeated prompts. On the
+    (2, 2, 2) mesh the 4 data shards do not divide B = 2 prompts (they divide B x G = 8):
+    the prefill runs on the prompts padded to 4."""
+    ids, mask = prompts()
+    ids, mask = ids[[0, 3]], mask[[0, 3]]  # prompts of 6 and 3 tokens
+    mesh = None if mesh_shape is None else sharding.make_mesh(mesh_shape)
+    for temperature, top_p in ((0.0, 1.0), (1.0, 1.0), (0.8, 0.7)):
+        sampler = make(temperature=temperature, top_p=top_p, mesh=mesh)
+        once = sampler.generate(params, ids, mask, jax.random.key(5), num_samples=4)
+        repeated = sampler.generate(
+            params, np.repeat(ids, 4, axis=0), np.repeat(mask, 4, axis=0), jax.random.key(5)
+        )
+        np.testing.assert_array_equal(np.asarray(once.tokens), np.asarray(repeated.tokens))
+        np.testing.assert_array_equal(np.asarray(once.mask), np.asarray(repeated.mask))
+        np.testing.assert_allclose(once.logprobs, repeated.logprobs, rtol=1e-5, atol=1e-5)
+    if mesh is not None:
+        assert once.tokens.sharding.spec[0] == ("data", "fsdp")
+
+
+def _flops(params, batch, num_samples, prompt_len):
+    """Compiled FLOPs of a greedy generate of one new token."""
+    sampler = make(temperature=0.0, max_prompt_len=prompt_len, max_new_tokens=1)
+    ids, mask = prompts()
+    ids = np.resize(ids[:, -prompt_len:], (batch, prompt_len))
+    mask = np.resize(mask[:, -prompt_len:], (batch, prompt_len))
+    args = (params, ids, mask, jax.random.key(0), sampler.sampling, num_samples)
+    cost = sampler._jitted.lower(*args).compile().cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def test_prefill_flops_scale_with_prompts_not_samples(params):
+    """The prefill's FLOPs (those of a 12-token prompt less those of a 2-token one, at one
+    new token) scale with the prompts: G = 8 samples of 4 prompts cost what 4 prompts do,
+    where 32 repeated prompts cost 8 times that."""
+    prefill = lambda b, g: _flops(params, b, g, 12) - _flops(params, b, g, 2)
+    one, once, repeated = prefill(4, 1), prefill(4, 8), prefill(32, 1)
+    print(
+        f"prefill flops: 4 prompts {one:.3g}, 4 x 8 samples {once:.3g}, 32 prompts {repeated:.3g}"
+    )
+    assert once < 1.25 * one
+    assert repeated > 6 * one
+
+
+def full_sort_top_p(logits, top_p):
+    """The top-p filter as replax computed it before candidates: a sort of the whole
+    vocabulary every step."""
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    num_kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)
+    threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
+    return jnp.where(logits < threshold, -jnp.inf, logits)
+
+
+def test_top_p_among_candidates_equals_the_full_sort():
+    """Rows whose 8 most likely tokens hold top_p (peaked), rows where they do not (flat:
+    the full sort runs), and ties at the cut (all tied tokens kept, as the full sort
+    does): the kept set is the full sort's every time."""
+    rng = np.random.default_rng(0)
+    vocab, top_p = 1000, 0.9
+    peaked = rng.normal(size=(6, vocab)) * 4.0  # a few tokens hold most of the mass
+    flat = rng.normal(size=(2, vocab)) * 0.3
+    ties = np.full((2, vocab), -10.0)
+    ties[0, :3] = [2.0, 1.0, 1.0]  # the cut falls inside the tie of the two 1.0s
+    ties[1, :12] = 1.0  # twelve tied: more than the candidates, all kept
+    jitted = jax.jit(sampling.sampling_logits, static_argnums=1)
+    for rows in (peaked, ties[:1], np.concatenate([peaked, flat]), ties[1:], ties):
+        rows = jnp.asarray(rows, jnp.float32)
+        config = sampling.SamplingConfig(top_p=top_p, top_p_candidates=8)
+        got = jitted(rows, config)
+        want = full_sort_top_p(rows, top_p)
+        np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+        np.testing.assert_array_equal(
+            np.where(np.isfinite(got), got, 0), np.where(np.isfinite(want), want, 0)
+        )
+        # The renormalised distribution, as the behaviour log-probs see it.
+        np.testing.assert_allclose(
+            jax.nn.log_softmax(got)[np.isfinite(got)],
+            jax.nn.log_softmax(want)[np.isfinite(want)],
+            atol=1e-6,
+        )
+    assert np.isfinite(np.asarray(jitted(jnp.asarray(ties), config)))[1].sum() == 12
+    # With top-k no wider than the candidates no row can need the full sort.
+    config = sampling.SamplingConfig(top_k=5, top_p=top_p, top_p_candidates=8)
+    rows = jnp.asarray(np.concatenate([peaked, flat]), jnp.float32)
+    topk_then_sort = full_sort_top_p(jitted(rows, dataclasses.replace(config, top_p=1.0)), top_p)
+    np.testing.assert_array_equal(np.isfinite(jitted(rows, config)), np.isfinite(topk_then_sort))
+
+
+TP_CONFIG = dataclasses.replace(CONFIG, num_kv_heads=4)
+
+
+@pytest.fixture(scope="module")
+def fsdp_params():
+    """TP_CONFIG params as training holds them: float32, sharded over fsdp (1, 8, 1)."""
+    mesh = sharding.make_mesh((1, 8, 1))
+    model = model_lib.Transformer(TP_CONFIG)
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    abstract = jax.eval_shape(model.init, jax.random.key(0), dummy, dummy)
+    shardings = sharding.params_shardings(mesh, abstract, sharding.DEFAULT_RULES)["params"]
+    variables = jax.jit(model.init)(jax.random.key(7), dummy, dummy)
+    leaves, treedef = jax.tree_util.tree_flatten(nn.unbox(variables)["params"])
+    keys = jax.random.split(jax.random.key(8), len(leaves))
+    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    return mesh, jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), shardings)
+
+
+def make_tp(**kwargs):
+    settings = dict(
+        max_prompt_len=PROMPT_LEN, max_new_tokens=NEW_TOKENS, stop_ids=(EOS,), pad_id=PAD
+    )
+    return sampler_lib.make_sampler(TP_CONFIG, **{**settings, **kwargs})
+
+
+def test_tensor_parallel_sampler_mesh_matches_the_training_mesh(fsdp_params):
+    """Training keeps FSDP float32 params on (1, 8, 1); the sampler decodes on its own
+    (2, 1, 4) mesh, heads / mlp / vocab over 4 tensor shards: the params are resharded
+    (and cast) once per call, the greedy tokens are the training-mesh sampler's, and the
+    second call compiles nothing."""
+    train_mesh, params = fsdp_params
+    ids, mask = prompts()
+    on_train_mesh = make_tp(temperature=0.0, mesh=train_mesh).generate(
+        params, ids, mask, jax.random.key(0), num_samples=2
+    )
+    tp = make_tp(temperature=0.0, mesh=sharding.make_mesh((2, 1, 4)))
+    out = tp.generate(params, ids, mask, jax.random.key(0), num_samples=2)
+    q = tp.prepare_params(params)["layer_0"]["attn"]["q"]  # [E, H, D]: heads over tensor
+    assert q.sharding.mesh.shape["tensor"] == 4 and q.sharding.spec[1] == "tensor"
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(on_train_mesh.tokens))
+    np.testing.assert_allclose(out.logprobs, on_train_mesh.logprobs, rtol=1e-5, atol=1e-5)
+    with count_compilations() as compiled:
+        tp.generate(params, ids, mask, jax.random.key(1), num_samples=2)
+        tp.generate(params, ids, mask, jax.random.key(2), num_samples=2)
+    assert compiled == []
+
+
+def test_bfloat16_sampler_logprobs_are_close_to_float32(fsdp_params):
+    """A bfloat16 sampler (weights cast once per call, cache bfloat16 by default) on the
+    tensor-parallel mesh: its behaviour log-probs, where its tokens so far are the
+    float32 sampler's, are within 0.05 of them."""
+    train_mesh, params = fsdp_params
+    ids, mask = prompts()
+    tp_mesh = sharding.make_mesh((2, 1, 4))
+    fp32 = make_tp(mesh=tp_mesh).generate(params, ids, mask, jax.random.key(3), num_samples=2)
+    bf16_sampler = make_tp(mesh=tp_mesh, dtype="bfloat16")
+    bf16 = bf16_sampler.generate(params, ids, mask, jax.random.key(3), num_samples=2)
+    assert bf16_sampler.prepare_params(params)["embedding"].dtype == jnp.bfloat16
+    same_so_far = np.cumprod(np.asarray(bf16.tokens) == np.asarray(fp32.tokens), axis=1) > 0
+    same_so_far &= np.asarray(fp32.mask)
+    assert same_so_far[:, 0].all() and same_so_far.mean() > 0.5
+    gap = np.abs(np.asarray(bf16.logprobs) - np.asarray(fp32.logprobs))[same_so_far]
+    print(f"bf16 vs fp32 behaviour log-probs: max gap {gap.max():.4f}, mean {gap.mean():.4f}")
+    assert gap.max() < 0.05
+    with count_compilations() as compiled:
+        bf16_sampler.generate(params, ids, mask, jax.random.key(4), num_samples=2)
+    assert compiled == []
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -242,11 +403,20 @@ def test_sample_k_repeats_each_prompt(params):
         ({"stop_ids": ()}, "stop_ids"),
         ({"vocab_size": 65}, "vocab_size"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"top_p_candidates": 0}, "top_p_candidates=0: allowed is an integer >= 1"),
+        ({"dtype": "float64"}, "sampler.dtype='float64'"),
+        ({"mesh": (1, 1, 8)}, "sampler.mesh"),
     ],
 )
 def test_bad_settings_raise(settings, message):
     with pytest.raises(ValueError, match=message):
         make(**settings)
+
+
+def test_a_mesh_that_does_not_divide_the_params_raises():
+    # CONFIG's 2 kv heads over 4 tensor shards.
+    with pytest.raises(ValueError, match="is not divisible by the 4 shards of mesh axes"):
+        make(mesh=sharding.make_mesh((2, 1, 4)))
 
 
 def test_bad_inputs_raise_before_compiling(params):
@@ -269,9 +439,9 @@ def test_bad_inputs_raise_before_compiling(params):
 
 def test_sampled_frequencies_follow_the_distribution():
     logits = jnp.log(jnp.array([0.5, 0.25, 0.125, 0.0625, 0.0625, 0.0]))
-    config = sampler_lib.SamplingConfig(temperature=1.0)
+    config = sampling.SamplingConfig(temperature=1.0)
     uniform = jax.random.uniform(jax.random.key(0), (20_000,))
-    tokens, logprobs = sampler_lib.sample_tokens(
+    tokens, logprobs = sampling.sample_tokens(
         uniform, jnp.broadcast_to(logits, (20_000, 6)), config
     )
     frequencies = np.bincount(np.asarray(tokens), minlength=6) / 20_000
@@ -280,9 +450,9 @@ def test_sampled_frequencies_follow_the_distribution():
 
 
 def test_sampling_config_is_frozen_and_hashable():
-    config = sampler_lib.SamplingConfig(temperature=0.5, top_k=3)
+    config = sampling.SamplingConfig(temperature=0.5, top_k=3)
     assert hash(config) == hash(dataclasses.replace(config))
-    assert not config.greedy and sampler_lib.SamplingConfig(temperature=0.0).greedy
+    assert not config.greedy and sampling.SamplingConfig(temperature=0.0).greedy
 
 
 def test_a_row_stops_at_the_first_of_several_stop_ids(params):

@@ -3,6 +3,7 @@
 that moves the parameters and consumes (donates) the old state."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -306,3 +307,233 @@ def test_train_step_with_half_batch_stats_matches_the_plain_step():
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params[False], params[True]
     )
+
+
+# MEMORY-BOUNDING OPTIONS: chunked log-probs, microbatches, mixed precision.
+
+PPO = objectives.LossConfig(name="ppo")
+
+
+def build_with(
+    options,
+    *,
+    mesh_shape=(2, 2, 2),
+    loss=PPO,
+    optimizer=None,
+    model=MODEL,
+    params=None,
+    with_reference=False,
+    temperature=1.0,
+    vocab_size=None,
+):
+    """(state, step) with make_train_step's keyword options; sgd(1) by default, so that a
+    step's parameter change is minus the gradient."""
+    import optax
+
+    optimizer = optimizer or optax.sgd(1.0)
+    mesh = sharding.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
+    state, state_shardings = train_step_lib.init_train_state(
+        model,
+        optimizer,
+        jax.random.key(0),
+        mesh,
+        RULES,
+        params=params,
+        with_reference=with_reference,
+    )
+    step = train_step_lib.make_train_step(
+        model,
+        optimizer,
+        loss,
+        mesh,
+        RULES,
+        state_shardings,
+        train_step_lib.batch_shardings(mesh, RULES, make_batch(0)),
+        temperature=temperature,
+        vocab_size=vocab_size,
+        **options,
+    )
+    return state, step
+
+
+def run_steps(state, step, seeds):
+    """Steps over the batches of seeds: (params, [metrics of each step]) on the host."""
+    history = []
+    for seed in seeds:
+        state, metrics = step(state, make_batch(seed))
+        history.append(jax.device_get(metrics))
+    return jax.device_get(state.params), history
+
+
+def assert_same_steps(got, expected, tol=1e-5):
+    (params, history), (expected_params, expected_history) = got, expected
+    for metrics, expected_metrics in zip(history, expected_history, strict=True):
+        assert metrics.keys() == expected_metrics.keys()
+        for key in metrics:
+            np.testing.assert_allclose(
+                metrics[key], expected_metrics[key], rtol=tol, atol=tol, err_msg=key
+            )
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol), params, expected_params
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [4, 5])
+def test_chunked_logprobs_give_the_unchunked_step(initial_params, chunk_size):
+    """Two sgd steps (so the KL reference differs from the policy in the second) at a
+    temperature, with the vocabulary's last 2 ids masked and the entropy bonus on: loss,
+    entropy, KL, ratios and gradients as without chunks. 11 predicting positions: chunks
+    of 5 leave a padded last chunk."""
+    common = dict(
+        loss=objectives.LossConfig(name="ppo", kl_coef=0.5, entropy_coef=0.01),
+        params=initial_params,
+        with_reference=True,
+        temperature=0.7,
+        vocab_size=CONFIG.vocab_size - 2,
+    )
+    expected = run_steps(*build_with({}, **common), seeds=(1, 2))
+    got = run_steps(*build_with({"logits_chunk_size": chunk_size}, **common), seeds=(1, 2))
+    assert expected[1][1]["kl"] > 0 and expected[1][0]["train_entropy"] > 0
+    assert_same_steps(got, expected)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
+def test_microbatches_give_the_single_pass_step(initial_params, aggregation):
+    """2 microbatches of 4 rows, each taking one row from each of the 4 data shards: the
+    gradient (sgd: the parameter change) and every metric equal the single pass."""
+    loss = objectives.LossConfig(name="ppo", aggregation=aggregation, entropy_coef=0.01)
+    expected = run_steps(*build_with({}, loss=loss, params=initial_params), seeds=(1, 2))
+    got = run_steps(
+        *build_with({"num_microbatches": 2}, loss=loss, params=initial_params), seeds=(1, 2)
+    )
+    assert_same_steps(got, expected)
+
+
+def test_microbatches_chunks_and_a_reference_together(initial_params):
+    """4 microbatches of 2 rows on 2 data shards, chunked log-probs, the KL reference and
+    importance weights that differ per row."""
+    loss = objectives.LossConfig(name="ppo", kl_coef=0.5, aggregation="sequence_mean")
+    common = dict(mesh_shape=(1, 2, 2), loss=loss, params=initial_params, with_reference=True)
+    expected = run_steps(*build_with({}, **common), seeds=(3, 4))
+    options = {"num_microbatches": 4, "logits_chunk_size": 3}
+    assert_same_steps(run_steps(*build_with(options, **common), seeds=(3, 4)), expected)
+
+
+def test_microbatches_with_half_batch_stats(initial_params):
+    """Each half (freshest, stalest) is split into microbatches: the same gradient and
+    halves_* statistics as without."""
+    common = dict(mesh_shape=(2, 1, 2), params=initial_params)
+    expected = run_steps(*build_with({"half_batch_stats": True}, **common), seeds=(1,))
+    got = run_steps(
+        *build_with({"half_batch_stats": True, "num_microbatches": 2}, **common), seeds=(1,)
+    )
+    assert "halves_cross" in got[1][0]
+    assert_same_steps(got, expected)
+
+
+def test_microbatches_that_do_not_split_the_batch_are_refused():
+    state, step = build_with({"num_microbatches": 3}, mesh_shape=(1, 1, 1))
+    with pytest.raises(
+        ValueError, match=r"train.num_microbatches=3 must divide train.batch_size=8"
+    ):
+        step(state, make_batch(0))
+    # 4 microbatches of 2 rows cannot take rows from each of 4 data shards.
+    state, step = build_with({"num_microbatches": 4}, mesh_shape=(2, 2, 2))
+    with pytest.raises(ValueError, match=r"2 rows per microbatch .* 4 data-parallel shards"):
+        step(state, make_batch(0))
+
+
+def test_m2po_with_microbatches_is_refused():
+    with pytest.raises(ValueError, match=r"loss.name='m2po' .* train.num_microbatches=2"):
+        build_with({"num_microbatches": 2}, loss=objectives.LossConfig(name="m2po"))
+
+
+def _bf16_model(param_dtype):
+    import dataclasses
+
+    config = dataclasses.replace(CONFIG, param_dtype=param_dtype, dtype="bfloat16")
+    return model_lib.Transformer(config)
+
+
+def test_mixed_precision_applies_updates_that_bfloat16_params_lose():
+    """Adam at lr 1e-6 moves each weight by ~1e-6: kept by float32 master weights, lost to
+    rounding (bf16 keeps 8 significant bits) when the params themselves are bfloat16."""
+    adam = train_step_lib.make_optimizer(
+        train_step_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
+    )
+    changed = {}
+    for param_dtype in ("float32", "bfloat16"):
+        state, step = build_with(
+            {"mixed_precision": True}, model=_bf16_model(param_dtype), optimizer=adam
+        )
+        before = jax.device_get(state.params)
+        after, (metrics,) = run_steps(state, step, seeds=(1,))
+        assert metrics["skipped"] == 0 and metrics["grad_norm"] > 0
+        assert jax.tree.leaves(after)[0].dtype == np.dtype(param_dtype)
+        moved = [np.mean(a != b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before))]
+        changed[param_dtype] = float(np.mean(moved))
+    assert changed["float32"] > 0.9, changed
+    assert changed["bfloat16"] < 0.01, changed
+
+
+def test_mixed_precision_casts_each_param_on_its_own_sharding():
+    """Before any use, every float32 master weight is cast to bfloat16 under a sharding
+    constraint equal to its own sharding: the cast is local and what an FSDP all-gather
+    moves is bfloat16."""
+    model = _bf16_model("float32")
+    state, step = build_with({"mixed_precision": True}, model=model)
+    mesh = sharding.make_mesh((2, 2, 2))
+    with sharding.activation_rules(mesh, RULES):
+        jaxpr = jax.make_jaxpr(step.jitted)(state, make_batch(0))
+
+    def constraints(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "sharding_constraint":
+                yield eqn
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from constraints(sub)
+
+    casts = {
+        (eqn.outvars[0].aval.shape, eqn.params["sharding"].spec)
+        for eqn in constraints(jaxpr.jaxpr)
+        if eqn.outvars[0].aval.dtype == jnp.bfloat16
+    }
+    for param in jax.tree.leaves(state.params):
+        assert (param.shape, param.sharding.spec) in casts, (param.shape, param.sharding.spec)
+
+
+def test_mixed_precision_without_microbatches_matches_with(initial_params):
+    """Float32 master weights, bfloat16 compute: 2 microbatches give the same step up to
+    bfloat16 rounding of the gradients."""
+    model = _bf16_model("float32")
+    common = dict(model=model, params=initial_params)
+    expected = run_steps(*build_with({"mixed_precision": True}, **common), seeds=(1,))
+    options = {"mixed_precision": True, "num_microbatches": 2, "logits_chunk_size": 4}
+    got = run_steps(*build_with(options, **common), seeds=(1,))
+    assert_same_steps(got, expected, tol=2e-2)
+
+
+def test_adam_state_dtype():
+    optimizer = train_step_lib.make_optimizer(
+        train_step_lib.OptimizerConfig(state_dtype="bfloat16")
+    )
+    adam = optimizer.init({"w": jnp.zeros(3, jnp.float32)})[1][0]
+    assert adam.mu["w"].dtype == jnp.bfloat16
+    assert adam.nu["w"].dtype == jnp.float32  # see OptimizerConfig.state_dtype
+    with pytest.raises(ValueError, match=r"optimizer.state_dtype='float16': allowed are"):
+        train_step_lib.OptimizerConfig(state_dtype="float16")
+
+
+def test_abstract_train_state_is_the_initialised_one():
+    mesh = sharding.make_mesh((2, 2, 2))
+    abstract = train_step_lib.abstract_train_state(
+        MODEL, OPTIMIZER, mesh, RULES, with_reference=True
+    )
+    state, _ = train_step_lib.init_train_state(
+        MODEL, OPTIMIZER, jax.random.key(0), mesh, RULES, with_reference=True
+    )
+    assert jax.tree.structure(abstract) == jax.tree.structure(state)
+    for spec, array in zip(jax.tree.leaves(abstract), jax.tree.leaves(state)):
+        assert isinstance(spec, jax.ShapeDtypeStruct)
+        assert (spec.shape, spec.dtype) == (array.shape, array.dtype)
+        assert spec.sharding.is_equivalent_to(array.sharding, array.ndim)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from replax import model as model_lib
 from replax import sampler as sampler_lib
+from replax import sampling as sampling_lib
 
 
 def make_generate(
@@ -28,7 +29,7 @@ def make_generate(
     """Returns a jitted generate(params, prompt_ids int32[B, P], prompt_mask bool[B, P],
     rng) -> SampleOutput over left-padded prompts, P + max_new_tokens - 1 <= max_len."""
     model = model_lib.Transformer(model_config)
-    sampling = sampler_lib.SamplingConfig(temperature=temperature)
+    sampling = sampling_lib.SamplingConfig(temperature=temperature)
     n = max_new_tokens
 
     @jax.jit
@@ -54,7 +55,7 @@ def make_generate(
             )
             logits = model.apply({"params": params}, context, positions, mask)  # [B, S, V]
             logits = jax.lax.dynamic_index_in_dim(logits, slot, axis=1, keepdims=False)
-            tokens, logprobs = sampler_lib.sample_tokens(uniforms[step], logits, sampling)
+            tokens, logprobs = sampling_lib.sample_tokens(uniforms[step], logits, sampling)
             tokens = jnp.where(done, pad_id, tokens)
             logprobs = jnp.where(done, 0.0, logprobs)
             return {
