@@ -47,6 +47,17 @@ def _param(module: nn.Module, name: str, init, shape, axes, config: ModelConfig)
     )
 
 
+def _weight(module: nn.Module, name: str, init, shape, axes, config: ModelConfig):
+    """A matmul weight in the compute dtype. When compute is narrower than storage (fp32
+    master weights, bf16 compute) the cast is pinned to the weight's own sharding: it runs
+    on each device's shard inside the layer (the scan body), so the FSDP all-gather moves
+    bf16 and no bf16 copy of the whole model is held."""
+    w = _param(module, name, init, shape, axes, config)
+    if w.dtype == config.jnp_dtype:
+        return w
+    return constrain(w.astype(config.jnp_dtype), axes)
+
+
 def dense(x, w, in_dims: int = 1):
     """x [..., *in] times w [*in, *out] (the last in_dims axes of x contracted with the
     first in_dims of w) as one 2-D matmul [rows, in] @ [in, out], reshaped back.
@@ -94,10 +105,10 @@ class Attention(nn.Module):
         cfg = self.config
         h, kv, d, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
         init = nn.initializers.normal(stddev=e**-0.5)
-        wq = _param(self, "q", init, (e, h, d), ("embed", "heads", "head_dim"), cfg)
-        wk = _param(self, "k", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
-        wv = _param(self, "v", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
-        wo = _param(
+        wq = _weight(self, "q", init, (e, h, d), ("embed", "heads", "head_dim"), cfg)
+        wk = _weight(self, "k", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wv = _weight(self, "v", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wo = _weight(
             self,
             "o",
             nn.initializers.normal(stddev=(h * d) ** -0.5),
@@ -183,9 +194,9 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.config
         init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
-        gate = _param(self, "gate", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
-        up = _param(self, "up", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
-        down = _param(
+        gate = _weight(self, "gate", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
+        up = _weight(self, "up", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
+        down = _weight(
             self,
             "down",
             nn.initializers.normal(stddev=cfg.mlp_dim**-0.5),

@@ -106,7 +106,6 @@ def build(config, workdir: str) -> Run:
         temperature=config.rollout.temperature,
         half_batch_stats=schedule.half_batch_stats,
         vocab_size=tokenizer.sample_limit,
-        mixed_precision=True,
         **cfg.train_step_kwargs(config),
     )
     add_and_sample = jax.jit(

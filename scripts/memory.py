@@ -90,7 +90,12 @@ def parse_args(argv):
     p.add_argument("--attention", default="", help="model.attention ('' = the default)")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype (params stay float32)")
     p.add_argument("--state_dtype", default="", help="optimizer state dtype ('' = default)")
-    p.add_argument("--mixed_precision", type=int, default=1, help="train step mixed_precision")
+    p.add_argument(
+        "--mixed_precision",
+        type=int,
+        default=0,
+        help="1: the train step casts the whole param tree at once (the model casts per layer)",
+    )
     p.add_argument("--microbatches", type=int, default=1)
     p.add_argument("--chunk", type=int, default=0, help="logits_chunk_size (0: step default)")
     p.add_argument("--hlo", type=int, default=0, help="1: also count the compiled HLO's text")
@@ -188,7 +193,7 @@ def compile_step(
     mesh_shape,
     microbatches: int = 1,
     chunk: int = 0,
-    mixed_precision: bool = True,
+    mixed_precision: bool = False,
     state_dtype: str = "",
     hlo: bool = False,
 ) -> dict:
@@ -318,10 +323,10 @@ def state_bytes_per_chip(config, chips: int) -> int:
 
 
 def pod_estimate(args) -> dict:
-    """Qwen2.5-7B at the pod's per-chip batch, compiled at two reduced depths.
+    """Qwen2.5-7B at the pod's per-chip batch, compiled at each --layers depth.
 
     The simulated mesh is all-fsdp over --devices with POD batch / chips sequences per
-    device. The per-layer temp slope and the fixed temp come from the two compiles; the
+    device. The per-layer temp slope and the fixed temp come from the first two depths; the
     train state a chip holds at the full depth is counted from its abstract shapes for
     `chips` ways of fsdp. With --devices below the pod's 64 chips, the simulated step's
     sharded gradients are larger than the pod's, so the temp figures are an upper bound.

@@ -61,6 +61,10 @@ def train(workdir, checkpoint, *extra, devices=8):
         f"--config.model.checkpoint={checkpoint}",
         f"--config.task.data_path={DATA}",
         *TINY,
+        # The config's layer scan, remat, chunked log-probs and bfloat16 sampler stay on;
+        # B = 8 splits into 2 microbatches on one device, none on 8 (one row per device).
+        f"--config.train.num_microbatches={2 if devices == 1 else 1}",
+        "--config.train.logits_chunk_size=32",
         *extra,
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
