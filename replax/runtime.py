@@ -45,6 +45,20 @@ RESUMABLE_KEYS = (
     "task.data_dir",
     "warmstart.cache_dir",
 )
+# Settings added after runs were made, with the value that reproduces what those runs did:
+# a config.json without the key resumes under that value.
+ADDED_KEYS = {
+    "model.scan_layers": False,
+    "model.remat_policy": "none",
+    "model.attention": "einsum",
+    "train.num_microbatches": 1,
+    "train.logits_chunk_size": 0,
+    "optimizer.state_dtype": "float32",
+    "rollout.top_p_candidates": 64,
+    "rollout.dtype": "",
+    "rollout.cache_dtype": "",
+    "rollout.mesh_shape": [],
+}
 
 
 def check_workdir(workdir: str) -> None:
@@ -146,6 +160,7 @@ def check_resume_config(workdir: str, config: dict[str, Any], has_checkpoint: bo
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is unreadable ({e}): move it away to resume") from None
     current = _flatten(json.loads(json.dumps(config, default=list)))
+    saved = {**{k: v for k, v in ADDED_KEYS.items() if k in current}, **saved}
     changed = sorted(
         key
         for key in set(saved) | set(current)

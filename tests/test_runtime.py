@@ -152,3 +152,13 @@ def test_check_resume_config_ignores_resumable_keys(tmp_path):
     # No checkpoint yet: nothing to protect.
     runtime.check_resume_config(str(tmp_path), other, has_checkpoint=False)
     assert json.loads((tmp_path / "config.json").read_text()) == config
+
+
+def test_a_run_from_before_a_setting_existed_resumes_under_its_old_value(tmp_path):
+    runtime.record_run_config(str(tmp_path), {"model": {"d_model": 32}})
+    same = {"model": {"d_model": 32, "scan_layers": False}, "train": {"num_microbatches": 1}}
+    runtime.check_resume_config(str(tmp_path), same, has_checkpoint=True)
+    # Scanned layers store the params in another layout: that checkpoint cannot resume.
+    scanned = {"model": {"d_model": 32, "scan_layers": True}}
+    with pytest.raises(ConfigError, match=r"model\.scan_layers False -> True"):
+        runtime.check_resume_config(str(tmp_path), scanned, has_checkpoint=True)
