@@ -202,6 +202,12 @@ def one_process_reference(root, *extra):
     return read(workdir), logs
 
 
+def replax_lines(stdout: str) -> list[str]:
+    """The lines of stdout that replax prints (progress, evaluation, summary)."""
+    words = ("accuracy", "final", "resumed", "warm start", "step")
+    return [line for line in stdout.splitlines() if any(w in line for w in words)]
+
+
 def test_two_processes_match_one_and_resume_in_fresh_processes(tmp_path):
     """replay.sample_mode='global': one pool over both processes' shards."""
     mode = "--config.replay.sample_mode=global"
@@ -211,10 +217,11 @@ def test_two_processes_match_one_and_resume_in_fresh_processes(tmp_path):
     # Data is built once, on process 0 (every process's config check reads 1 example);
     # only process 0 prints.
     assert data_builds(logs) == {0: ["train 64", "test 16"]}
-    assert "final" in first[0] and not first[1].strip()
+    # (Only replax's own lines are checked: a runtime library may print on any process.)
+    assert "final" in first[0] and not replax_lines(first[1])
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
     second = run_processes(workdir, logs, mode, as_flags=True)
-    assert "resumed from step 2" in second[0] and not second[1].strip()
+    assert "resumed from step 2" in second[0] and not replax_lines(second[1])
     assert data_builds(logs) == {0: ["train 64", "test 16"]}  # the resumed run built none
 
     records = read(workdir)
