@@ -14,7 +14,9 @@ loop; `run_loop` reads top to bottom, one phase of a step under each capitalised
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import sys
 import time
 from typing import Any
 
@@ -45,8 +47,11 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
     runtime.Preempted after checkpointing when SIGTERM or SIGINT stopped the run."""
     runtime.check_workdir(workdir)
     run = build(config, workdir)
-    if jax.process_index() != 0:  # with several processes, process 0 alone reports
-        log = _silent
+    # Warnings (a checkpoint set aside) go to stderr; with several processes, process 0
+    # alone reports.
+    warn = functools.partial(print, file=sys.stderr)
+    if jax.process_index() != 0:
+        log = warn = _silent
     ckpt_dir = os.path.join(workdir, "checkpoints")
     has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
     runtime.check_resume_config(workdir, config.to_dict(), has_checkpoint)
@@ -58,7 +63,7 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
         stop = runtime.StopRequest().install()
         try:
             prompt_iter = iter(data.prompts)
-            states = restore(run, checkpointer, prompt_iter, log)
+            states = restore(run, checkpointer, prompt_iter, log, warn)
             if states is None:  # a new run (or none of its checkpoints was readable)
                 states = (*init_states(run, initial_params(run, data, log)), new_loop_state(run))
             return run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
@@ -94,12 +99,13 @@ def new_loop_state(run: Run) -> LoopState:
     return LoopState(0, metrics_lib.ComputeAccount(), None, 0.0, run.schedule)
 
 
-def restore(run: Run, checkpointer, prompt_iter, log=print):
-    """(train_state, replay_state, LoopState) of the newest readable checkpoint, the
-    prompt iterator restored in place; None when there is none."""
+def restore(run: Run, checkpointer, prompt_iter, log=print, warn=print):
+    """(train_state, replay_state, LoopState) of the newest sealed, intact checkpoint, the
+    prompt iterator restored in place; None when there is none. `warn` gets a line for
+    each checkpoint set aside on the way."""
     train_state, replay_state = abstract_states(run)  # the structure and shardings to fill
     restored = checkpointer.restore_latest(
-        train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter, log=log
+        train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter, log=warn
     )
     if restored is None:
         return None

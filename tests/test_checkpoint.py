@@ -3,10 +3,17 @@
 latest_step and max_to_keep. Restores go into peers whose every value is off by one, so
 equal values can only come from the checkpoint."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from orbax.checkpoint.path import atomicity
 
 from replax import checkpoint, data, sharding
 from replax import model as model_lib
@@ -176,9 +183,11 @@ def _three_steps(directory):
     ckpt.close()
 
 
-def _restore_latest(directory):
+def _restore_latest(directory, temporary_path_class=None):
     lines = []
-    reader = checkpoint.Checkpointer(directory, max_to_keep=3)
+    reader = checkpoint.Checkpointer(
+        directory, max_to_keep=3, temporary_path_class=temporary_path_class
+    )
     restored = reader.restore_latest(
         train_state={"w": jnp.zeros((64,))},
         replay_state={"n": jnp.int32(0)},
@@ -189,11 +198,9 @@ def _restore_latest(directory):
 
 
 def _data_files(step_dir):
-    return [
-        p
-        for p in step_dir.rglob("*")
-        if p.is_file() and p.name != checkpoint.CHECKSUMS and p.stat().st_size > 32
-    ]
+    """The files of a checkpoint's arrays, loop state and data iterator: those its seal
+    lists (orbax's commit bookkeeping is not among them)."""
+    return [step_dir / name for name in json.loads((step_dir / checkpoint.CHECKSUMS).read_text())]
 
 
 @pytest.mark.parametrize(
@@ -225,13 +232,82 @@ def test_a_damaged_latest_checkpoint_is_reported_and_the_previous_one_used(tmp_p
     assert (tmp_path.parent / (tmp_path.name + "_corrupt") / "3").is_dir()
 
 
-def test_an_unsealed_checkpoint_is_restored_when_it_reads(tmp_path):
-    """A process killed after a save but before sealing it leaves no checksums: the
-    checkpoint is used if orbax can read it."""
+@pytest.mark.parametrize("protocol", ["rename", "commit_file"])
+def test_a_save_is_sealed_when_it_commits(tmp_path, protocol):
+    """The newest checkpoint carries its checksums as soon as it exists: no later save or
+    close is needed (an asynchronous save seals itself before orbax commits it). The
+    commit-file protocol is orbax's for object stores such as gs://, run on a local disk."""
+    path_class = atomicity.CommitFileTemporaryPath if protocol == "commit_file" else None
+    ckpt = checkpoint.Checkpointer(str(tmp_path), max_to_keep=3, temporary_path_class=path_class)
+    ckpt.save(
+        1, train_state={"w": jnp.ones((64,))}, replay_state={"n": jnp.int32(1)}, loop_state={}
+    )
+    ckpt.manager.wait_until_finished()  # the save's own end, not the next save or close
+    assert (tmp_path / "1" / checkpoint.CHECKSUMS).exists()
+    assert checkpoint.verify_checksums(tmp_path / "1") is None
+    assert 0 < ckpt.unsealed_s[1] < 60
+    ckpt.close()
+    sealed = json.loads((tmp_path / "1" / checkpoint.CHECKSUMS).read_text())
+    # Every file of the arrays is in the seal.
+    assert any(name.startswith("train_state/") and "/d/" in name for name in sealed)
+
+
+@pytest.mark.parametrize("damage", ["no_checksums", "checksums_cut_short"])
+def test_an_unsealed_checkpoint_is_never_restored(tmp_path, damage):
+    """A step without a complete seal (a save the process did not live to seal, or a seal
+    cut short on a store without atomic writes) is not committed: reported in one line
+    naming the step used instead, set aside, and the newest sealed one restored."""
     _three_steps(str(tmp_path))
-    (tmp_path / "3" / checkpoint.CHECKSUMS).unlink()
+    seal = tmp_path / "3" / checkpoint.CHECKSUMS
+    if damage == "no_checksums":
+        seal.unlink()
+    else:
+        seal.write_text(seal.read_text()[: seal.stat().st_size // 2])
     (_, _, loop), lines = _restore_latest(str(tmp_path))
-    assert loop == {"step": 3} and lines == []
+    assert loop == {"step": 2}
+    assert len(lines) == 1
+    assert lines[0].startswith("checkpoint 3 was never sealed (the process stopped while saving")
+    assert lines[0].endswith("; using 2")
+    assert (tmp_path.parent / (tmp_path.name + "_corrupt") / "3").is_dir()
+
+
+def test_with_no_sealed_checkpoint_the_run_starts_again_and_says_so(tmp_path):
+    _three_steps(str(tmp_path))
+    for step in ("1", "2", "3"):
+        (tmp_path / step / checkpoint.CHECKSUMS).unlink()
+    restored, lines = _restore_latest(str(tmp_path))
+    assert restored is None and len(lines) == 3
+    assert all(line.endswith("the run starts again from step 0") for line in lines)
+
+
+@pytest.mark.parametrize("protocol", ["rename", "commit_file"])
+@pytest.mark.parametrize("point", ["write", "seal"])
+def test_a_kill_inside_the_save_or_the_seal_leaves_no_committed_unsealed_step(
+    tmp_path, protocol, point
+):
+    """SIGKILL while step 2's arrays are being written, or half-way through writing its
+    seal: step 1 is what a restart restores, with at most one line about step 2."""
+    script = f"""
+import jax.numpy as jnp
+from orbax.checkpoint.path import atomicity
+from replax import checkpoint
+path_class = atomicity.CommitFileTemporaryPath if {protocol == "commit_file"} else None
+ckpt = checkpoint.Checkpointer({str(tmp_path)!r}, max_to_keep=3, temporary_path_class=path_class)
+for step in (1, 2):
+    ckpt.save(step, train_state={{"w": jnp.full((64,), float(step))}},
+              replay_state={{"n": jnp.int32(step)}}, loop_state={{"step": step}})
+ckpt.close()
+"""
+    env = {**os.environ, "REPLAX_CRASH_AT": f"{point}:2"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    path_class = atomicity.CommitFileTemporaryPath if protocol == "commit_file" else None
+    (train, _, loop), lines = _restore_latest(str(tmp_path), path_class)
+    assert loop == {"step": 1}
+    np.testing.assert_array_equal(train["w"], np.full(64, 1.0))
+    assert len(lines) <= 1 and all(
+        line.startswith("checkpoint 2 was never sealed") for line in lines
+    )
 
 
 def test_no_readable_checkpoint_gives_none(tmp_path):
