@@ -9,6 +9,7 @@ are the only readers of the ConfigDict besides the trainer and the scripts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import os
@@ -204,6 +205,58 @@ def task_kwargs(config) -> dict[str, Any]:
     return {k: v for k, v in config.task.to_dict().items() if k not in TASK_DATA_KEYS}
 
 
+def task_factory_keys(factory) -> tuple[str, ...] | None:
+    """The task.* keys a factory takes by name (None: it takes **kwargs, so any key)."""
+    parameters = inspect.signature(factory).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in parameters if p.kind in by_name and p.name != "tokenizer")
+
+
+def fit_task_section(config, file_config):
+    """The config with its task section fitted to a task.name given on the command line.
+
+    A config file's task section belongs to the task the file names (configs/arith.py's to
+    `arith`): `file_config` is the same file's config without --config.* overrides. When
+    task.name names another task, as in `--config=configs/arith.py
+    --config.task.name=my_mod:make`, the rule for each task.* key (TASK_DATA_KEYS apart) is:
+    - the new factory takes it: it is passed, as for any task;
+    - it does not, and the key still has the file's value: it is dropped (it is the file's
+      task's setting, left as the file set it);
+    - it does not, and the value was changed: ConfigError naming the key, since the change
+      would do nothing.
+    A factory with **kwargs takes every key. Returns a copy without the dropped keys (the
+    same config when task.name is the file's own).
+    """
+    own, name = file_config.task.name, config.task.name
+    if name == own:
+        return config
+    try:
+        takes = task_factory_keys(resolve_factory(name))
+    except ValueError as e:  # a task.name that does not resolve
+        raise ConfigError(str(e).splitlines()[0]) from None
+    if takes is None:
+        return config
+    dropped = []
+    for key, value in task_kwargs(config).items():
+        if key in takes:
+            continue
+        whose = f"belongs to the {own} task, not to" if key in file_config.task else "is not for"
+        require(
+            key in file_config.task and file_config.task[key] == value,
+            f"task.{key}={value!r} {whose} {name} (it takes: "
+            f"{', '.join(takes) or 'no task.* keys'}); give your task its own task section, "
+            "as tests/user_task_config.py does",
+        )
+        dropped.append(key)
+    fitted = copy.deepcopy(config)
+    with fitted.unlocked():
+        for key in dropped:
+            del fitted.task[key]
+    return fitted
+
+
 def make_task_from_config(config, tokenizer=None) -> Task:
     """The task of task.name with its task.* keys; a factory that takes a `tokenizer`
     argument (GSM8K and MATH: prompts through the chat template) gets the run's."""
@@ -274,6 +327,14 @@ def validate(config: ml_collections.ConfigDict) -> Validated:
         config.replay.capacity >= b,
         f"replay.capacity={config.replay.capacity} is smaller than train.batch_size={b}: "
         "capacity must be >= the batch",
+    )
+    # Replay keeps at least one step's fresh rollouts (on-policy: N = B = R).
+    require(
+        config.replay.capacity >= r,
+        f"R = rollout.prompts_per_step x rollout.group_size = "
+        f"{config.rollout.prompts_per_step} x {config.rollout.group_size} = {r} fresh rollouts "
+        f"a step exceeds replay.capacity={config.replay.capacity}: the buffer must hold one "
+        "step's rollouts (R <= replay.capacity)",
     )
     require(
         config.rollout.group_size >= 2,

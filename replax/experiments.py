@@ -31,6 +31,13 @@ def load_config(path: str, variant: str | None = None) -> ml_collections.ConfigD
     return module.get_config(variant)
 
 
+def file_config(config_flag: str) -> ml_collections.ConfigDict:
+    """The config of `--config=PATH[:ARG]` as the file gives it, without --config.* overrides
+    (what `configuration.fit_task_section` compares the overridden config with)."""
+    path, _, arg = config_flag.partition(":")
+    return load_config(path, arg or None)
+
+
 def config_variants(path: str) -> tuple[str, ...]:
     """The VARIANTS a config file declares (empty if it declares none)."""
     spec = importlib.util.spec_from_file_location(f"_replax_config_{abs(hash(path))}", path)

@@ -31,6 +31,8 @@ def main(argv):
 
     config = _CONFIG.value
     try:
+        file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
+        config = configuration.fit_task_section(config, file_config)
         configuration.validate(config)
         metrics = experiments.evaluate_checkpoint(config, _WORKDIR.value)
     except config_utils.ConfigError as e:

@@ -73,7 +73,7 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
     import jax
 
-    from replax import config_utils, runtime, sharding, trainer
+    from replax import config_utils, configuration, experiments, runtime, sharding, trainer
 
     config_file = flags.FLAGS["config"].config_filename.split(":")[0]
     if not os.path.isfile(config_file):
@@ -90,6 +90,9 @@ def main(argv):
     except (ValueError, TypeError, RuntimeError) as e:
         _fail(f"jax.distributed: {_one_line(e)}")
     try:  # train validates the config before it creates anything
+        # A task.name on the command line keeps only the file's task.* keys it can use.
+        file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
+        config = configuration.fit_task_section(config, file_config)
         summary = trainer.train(config, _WORKDIR.value)
     except config_utils.ConfigError as e:
         _fail(str(e))

@@ -274,3 +274,9 @@ def test_missing_or_malformed_data_is_one_line_before_any_compute(name, checkpoi
     c.task.data_path = str(bad)
     with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
         configuration.validate(c)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    c.task.data_path = str(empty)
+    with pytest.raises(ConfigError) as error:
+        configuration.validate(c)
+    assert str(error.value) == f"task.data_path={str(empty)!r}: {empty} is empty (no examples)"

@@ -9,6 +9,7 @@ from replax import configuration, experiments
 from replax.config_utils import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARITH = os.path.join(ROOT, "configs", "arith.py")
 
 # R = 8, B = 16, N = 32: the 8 simulated devices divide every batch.
 MICRO = {
@@ -23,10 +24,12 @@ MICRO = {
 
 
 def config(variant="replay", **overrides):
-    c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), variant)
+    """configs/arith.py:VARIANT with --config.KEY=VALUE overrides, as scripts/train.py reads
+    it (a task.name override keeps the task.* keys its factory can use)."""
+    c = experiments.load_config(ARITH, variant)
     for key, value in {**MICRO, **overrides}.items():
         experiments.set_value(c, key.replace("__", "."), value)
-    return c
+    return configuration.fit_task_section(c, experiments.load_config(ARITH, variant))
 
 
 def test_the_shipped_variants_are_valid():
@@ -38,6 +41,8 @@ def test_the_shipped_variants_are_valid():
 # bad inputs in docs/bad_input.md is made from this list (scripts/bad_input_table.py).
 BAD_SETTINGS = [
     ({"replay.capacity": 8}, "replay.capacity"),
+    # R = 2 x 100,000 fresh rollouts a step into N = 32.
+    ({"rollout.group_size": 100_000}, "rollout.prompts_per_step x rollout.group_size"),
     ({"rollout.group_size": 1}, "rollout.group_size"),
     ({"replay.strategy": "lifo"}, "replay.strategy"),
     ({"replay.sample_mode": "nearby"}, "sample_mode"),
@@ -73,6 +78,8 @@ BAD_SETTINGS = [
     ({"task.name": "no_such_module:make"}, "task.name"),
     ({"task.name": "os.path:no_such_factory"}, "task.name"),
     ({"task.ops": "/"}, "ops"),
+    # configs/arith.py's task section belongs to arith; tests/user_task.py takes `length`.
+    ({"task.name": "user_task:make_task", "task.max_digits": 4}, "task.max_digits"),
     ({"train.batch_size": 0}, "train.batch_size"),
     ({"total_rollouts": -64}, "total_rollouts"),
     ({"checkpoint_every": 0}, "checkpoint_every"),
@@ -121,11 +128,43 @@ def test_bad_setting_is_one_line_naming_the_key(overrides, key):
     assert "\n" not in message and key in message, message
 
 
+def test_a_step_of_fresh_rollouts_must_fit_in_the_buffer():
+    with pytest.raises(ConfigError) as error:
+        configuration.validate(config(**{"rollout.group_size": 100_000}))
+    assert str(error.value) == (
+        "R = rollout.prompts_per_step x rollout.group_size = 2 x 100000 = 200000 fresh "
+        "rollouts a step exceeds replay.capacity=32: the buffer must hold one step's rollouts "
+        "(R <= replay.capacity)"
+    )
+
+
 def test_task_keys_go_to_the_task_factory():
     c = config(**{"task.max_digits": 2, "task.min_digits": 1})
     task = configuration.make_task_from_config(c)
     assert task.difficulty.max_digits == 2 and task.difficulty.min_digits == 1
     assert "num_train" not in configuration.task_kwargs(c)
+
+
+def test_a_task_name_override_drops_the_files_task_keys_left_as_the_file_set_them():
+    c = config(**{"task.name": "user_task:make_task"})
+    assert configuration.task_kwargs(c) == {}  # min_terms ... max_mul_operand: arith's
+    assert c.task.num_train == 50_000  # the data keys stay
+    assert repr(configuration.validate(c).task) == "ReverseTask(length=3)"
+
+
+def test_a_changed_key_of_the_files_task_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as error:
+        config(**{"task.name": "user_task:make_task", "task.min_digits": 2})
+    assert str(error.value) == (
+        "task.min_digits=2 belongs to the arith task, not to user_task:make_task (it takes: "
+        "length); give your task its own task section, as tests/user_task_config.py does"
+    )
+
+
+def test_a_task_name_override_passes_the_keys_its_factory_takes():
+    c = config(**{"task.name": "replax.tasks.arith:make_arith_task", "task.max_digits": 4})
+    assert configuration.task_kwargs(c)["max_digits"] == 4
+    assert configuration.make_task_from_config(c).difficulty.max_digits == 4
 
 
 def test_rollouts_per_step_and_auto_max_period():

@@ -362,6 +362,24 @@ def test_math_task_splits(tmp_path):
     assert by_dir.max_prompt_chars() == max(len(e.prompt) for e in math_data.read_gsm8k(source))
 
 
+def test_an_empty_file_or_split_is_named(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    task = make_task("gsm8k", data_path=str(empty), prompt_format="plain")
+    with pytest.raises(ValueError) as error:
+        task.examples("train", 1)
+    assert str(error.value) == f"task.data_path={str(empty)!r}: {empty} is empty (no examples)"
+    # One question, hashed into train: the test split of the file has none.
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"question": "2+2?", "answer": "#### 4"}\n')
+    task = make_task("gsm8k", data_path=str(one), prompt_format="plain")
+    assert len(task.examples("train", 0)) == 1
+    with pytest.raises(
+        ValueError, match=r"none of the 1 examples of .*one.jsonl falls in the test"
+    ):
+        task.examples("test", 1)
+
+
 def test_math_task_bad_settings():
     with pytest.raises(ValueError, match="prompt_format='instruct' needs a tokenizer"):
         math_task.MathTask("gsm8k", prompt_format="instruct")

@@ -34,7 +34,7 @@ MICRO = [
 ]
 
 
-def run_train(workdir, *extra, config="configs/arith.py"):
+def run_train(workdir, *extra, config="configs/arith.py", env=None):
     cmd = [
         sys.executable,
         "scripts/train.py",
@@ -43,7 +43,16 @@ def run_train(workdir, *extra, config="configs/arith.py"):
         *MICRO,
         *extra,
     ]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    env = None if env is None else {**os.environ, **env}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+
+
+# tests/ on the path, so that `user_task:make_task` imports (as a user's package would).
+USER_PATH = {
+    "PYTHONPATH": os.pathsep.join(
+        p for p in (os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH")) if p
+    )
+}
 
 
 def read(workdir):
@@ -141,6 +150,37 @@ def test_a_users_task_trains_without_changes_to_replax(tmp_path):
     assert dataset.startswith("reverse3_")
     assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
+
+
+def test_a_users_task_trains_on_the_shipped_config_with_one_flag(tmp_path):
+    """`--config=configs/arith.py --config.task.name=user_task:make_task`: the task section
+    is arith's, left as the file set it, so its keys are not passed to the user's factory."""
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        "--config.task.name=user_task:make_task",
+        "--config.total_steps=2",
+        "--config.checkpoint_every=2",
+        env=USER_PATH,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in read(str(workdir))] == [1, 2]
+    (dataset,) = os.listdir(workdir / "data" / "replax_task")
+    assert dataset.startswith("reverse3_")
+
+
+def test_a_changed_key_of_the_shipped_task_is_refused_for_a_users_task(tmp_path):
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        "--config.task.name=user_task:make_task",
+        "--config.task.max_digits=4",
+        env=USER_PATH,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "task.max_digits=4 belongs to the arith task" in lines[0], lines
+    assert not workdir.exists()
 
 
 def test_evaluate_script_reproduces_final_accuracy(full_run):

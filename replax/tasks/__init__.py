@@ -7,7 +7,10 @@ and never raises, whatever the policy wrote.
 `make_task(name, **kwargs)` builds a task from the config's `task.name`: a registered
 name (`register_task`) or the import path of a user's factory, `package.module:factory`,
 which is called with the task's own config keys and returns a `Task`. A user's task
-needs no change to replax.
+needs no change to replax, nor a config file of its own: on a shipped config,
+`--config.task.name=package.module:factory` passes the factory the task.* keys it takes
+and drops the file's other task keys while they keep the file's values
+(`replax.configuration.fit_task_section`).
 """
 
 from __future__ import annotations

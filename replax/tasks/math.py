@@ -216,15 +216,34 @@ class MathTask(Task):
             )
         return str(path), None, True
 
+    def _source_key(self, split: str) -> str:
+        """The setting that names a split's file, e.g. "task.data_path='/data/gsm8k'"."""
+        if split in self.files:
+            return f"files[{split!r}]={self.files[split]!r}"
+        if split == "test" and self.test_path:
+            return f"task.test_path={self.test_path!r}"
+        return f"task.data_path={self.data_path!r}"
+
     def raw_examples(self, split: str) -> list[Example]:
-        """The split's problems with unformatted prompts, in file order (cached)."""
+        """The split's problems with unformatted prompts, in file order (cached). Raises
+        ValueError naming the setting and the file when the split has none."""
         if split not in self._cache:
             path, data_split, hashed = self._source(split)
             read = read_gsm8k if self.name == "gsm8k" else read_math
             examples = read(path, data_split)
+            if not examples:
+                raise ValueError(f"{self._source_key(split)}: {path} is empty (no examples)")
             if hashed:
                 want = split == "test"
-                examples = [e for e in examples if _in_test(e.prompt, self.test_fraction) == want]
+                chosen = [e for e in examples if _in_test(e.prompt, self.test_fraction) == want]
+                if not chosen:
+                    raise ValueError(
+                        f"{self._source_key(split)}: none of the {len(examples)} examples of "
+                        f"{path} falls in the {split} split (task.test_fraction="
+                        f"{self.test_fraction} of them, by a hash of the prompt): use more "
+                        "examples or a task.test_path"
+                    )
+                examples = chosen
             self._cache[split] = examples
         return self._cache[split]
 
