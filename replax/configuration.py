@@ -115,6 +115,7 @@ def train_step_kwargs(config) -> dict[str, Any]:
     return dict(
         num_microbatches=t.get("num_microbatches", 1),
         logits_chunk_size=t.get("logits_chunk_size", 0),
+        grad_clip=config.optimizer.grad_clip,
     )
 
 

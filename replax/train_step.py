@@ -205,6 +205,7 @@ def make_train_step(
     logits_chunk_size: int = 0,
     num_microbatches: int = 1,
     mixed_precision: bool = False,
+    grad_clip: float = 0.0,
 ):
     """The compiled step (state, batch) -> (state, metrics); the state is donated.
 
@@ -222,6 +223,9 @@ def make_train_step(
     batch, one optimizer update; loss, gradient and metrics are those of the whole batch.
     Slice j holds rows j, j + M, j + 2M, ...: every device's shard of the batch gives
     each slice the same number of rows, so no row moves between devices.
+    grad_clip: the optimizer's global-norm clip (OptimizerConfig.grad_clip), which the
+    non-finite check applies to the whole gradient before it takes the update a layer at
+    a time (`layerwise_update_norm`).
     mixed_precision: with model.param_dtype wider than model.dtype, cast the master
     params to model.dtype once per step, on their own sharding (the FSDP all-gathers
     then move the narrow copy), and run the forward and backward passes on that copy;
@@ -366,15 +370,23 @@ def make_train_step(
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         # OPTIMIZER UPDATE, skipped whole when the loss, the gradient or the update is not
         # finite: one bad batch (or a rate that overflows) must not turn the parameters or
-        # Adam's moments into NaN.
+        # Adam's moments into NaN. The update's norm is taken first, a layer at a time,
+        # then the update is applied to the donated state under `lax.cond`, in place:
+        # selecting between a new and the old state would hold both, with the update,
+        # at the peak (four float32 copies of every layer's shard).
         metrics = dict(metrics)
         grad_norm = optax.tree_utils.tree_norm(grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        update_norm = optax.tree_utils.tree_norm(updates)
+        update_norm = layerwise_update_norm(
+            optimizer, grads, state.opt_state, state.params, grad_clip=grad_clip
+        )
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
-        params = optax.apply_updates(state.params, updates)
-        updated = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+
+        def apply_update(state, grads):
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+            return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+
+        new_state = jax.lax.cond(finite, apply_update, lambda state, _: state, state, grads)
         metrics["skipped"] = (~finite).astype(jnp.int32)
         metrics["grad_norm"] = grad_norm
         # STALENESS STATISTICS
@@ -387,6 +399,53 @@ def make_train_step(
         return new_state, metrics
 
     return sharding.jit_state_step(step, mesh, rules, state_shardings, batch_sharding)
+
+
+def _in_layer_stack(path) -> bool:
+    """Whether a leaf of params (or of an optimizer state mirroring them) lies in the
+    layers under nn.scan, stacked on a leading [num_layers] axis."""
+    return any(getattr(key, "key", None) == "layers" for key in path)
+
+
+def layerwise_update_norm(optimizer, grads, opt_state, params, *, grad_clip: float = 0.0):
+    """float[]: the norm of optimizer.update(grads, opt_state, params)'s updates, taken one
+    stacked layer at a time (a `lax.map` over the layer axis), so that no update, new
+    moment or new parameter tree of the whole model is held, only one layer's.
+
+    The optimizer must act on each layer's parameters apart from the others' (adamw does;
+    a global-norm clip does not, so the gradient is clipped here first, by grad_clip, and
+    the optimizer's own clip of one layer's share is then a no-op). Without stacked
+    layers the update is taken once, whole.
+    """
+    if grad_clip:
+        grads = optax.clip_by_global_norm(grad_clip).update(grads, optax.EmptyState())[0]
+    sizes = {
+        x.shape[0]
+        for path, x in jax.tree_util.tree_leaves_with_path(params)
+        if _in_layer_stack(path)
+    }
+    if not sizes:
+        return optax.tree_utils.tree_norm(optimizer.update(grads, opt_state, params)[0])
+    (num_layers,) = sizes
+
+    def part(layer):
+        """The trees with every stacked leaf cut to `layer`'s slice (layer None: to none
+        of them, the leaves outside the stack whole); scalars such as Adam's step count
+        are kept."""
+
+        def cut(path, x):
+            if jnp.ndim(x) == 0:
+                return x
+            if _in_layer_stack(path):
+                return x[:0] if layer is None else x[layer]
+            return x if layer is None else x[:0]
+
+        trees = (grads, opt_state, params)
+        updates = optimizer.update(*(jax.tree_util.tree_map_with_path(cut, t) for t in trees))[0]
+        return optax.tree_utils.tree_norm(updates, squared=True)
+
+    squared = jax.lax.map(part, jnp.arange(num_layers)).sum() + part(None)
+    return jnp.sqrt(squared)
 
 
 def _loss_denominator(loss_mask, aggregation: str):

@@ -2,10 +2,13 @@
 = 2 x 2 x 2, parameters sharded) against one device, exact on-policy ratios, and a step
 that moves the parameters and consumes (donates) the old state."""
 
+import dataclasses
+
 import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -153,6 +156,58 @@ def test_an_overflowing_update_is_skipped(initial_params):
     assert int(metrics["skipped"]) == 1 and int(state.step) == 0
     finite = jax.tree.map(lambda x: bool(np.isfinite(x).all()), jax.device_get(state.params))
     assert all(jax.tree.leaves(finite))
+
+
+SCANNED = model_lib.Transformer(dataclasses.replace(CONFIG, num_layers=3, scan_layers=True))
+
+
+@pytest.mark.parametrize("model", [MODEL, SCANNED], ids=["layers", "scanned_layers"])
+def test_the_layerwise_update_norm_is_the_norm_of_the_whole_update(model):
+    """The non-finite check's update norm, taken a stacked layer at a time after a global
+    clip, against optax's update of the whole tree (clip and adamw in one chain)."""
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    state, _ = train_step_lib.init_train_state(model, OPTIMIZER, jax.random.key(0), mesh, RULES)
+    leaves, tree = jax.tree.flatten(state.params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    # Gradients of norm about 30: the clip at 1.0 acts.
+    grads = jax.tree.unflatten(
+        tree, [3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+    )
+    # A second step, so that Adam's moments are not zero.
+    _, opt_state = OPTIMIZER.update(grads, state.opt_state, state.params)
+    expected = optax.tree_utils.tree_norm(OPTIMIZER.update(grads, opt_state, state.params)[0])
+    got = train_step_lib.layerwise_update_norm(
+        OPTIMIZER, grads, opt_state, state.params, grad_clip=1.0
+    )
+    # Only its finiteness is used; the layers sum their squares in another order.
+    np.testing.assert_allclose(float(got), float(expected), rtol=1e-5)
+
+
+def test_an_overflowing_update_of_stacked_layers_changes_nothing():
+    huge = train_step_lib.make_optimizer(
+        train_step_lib.OptimizerConfig(learning_rate=1e38, grad_clip=1.0)
+    )
+    mesh = sharding.make_mesh((2, 2, 2))
+    state, shardings = train_step_lib.init_train_state(
+        SCANNED, huge, jax.random.key(0), mesh, RULES
+    )
+    step = train_step_lib.make_train_step(
+        SCANNED,
+        huge,
+        objectives.LossConfig(name="ppo"),
+        mesh,
+        RULES,
+        shardings,
+        train_step_lib.batch_shardings(mesh, RULES, make_batch(0)),
+        grad_clip=1.0,
+    )
+    before = jax.device_get(state)
+    state, metrics = step(state, make_batch(0))
+    assert int(metrics["skipped"]) == 1
+    after = jax.device_get(state)
+    assert jax.tree.structure(after) == jax.tree.structure(before)
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_8_device_mesh_shards_parameters_and_matches_one_device(initial_params):
