@@ -101,10 +101,13 @@ def converted_smollm2(dtype: str = "float32") -> pathlib.Path:
     stat = source.stat()
     code = hashlib.sha256(pathlib.Path(gguf_lib.__file__).read_bytes()).hexdigest()[:12]
     key = f"{stat.st_size}-{stat.st_mtime_ns}-{code}"
-    out = CACHE / f"smollm2-135m-instruct-q4_1-{dtype}-{key}"
+    prefix = f"smollm2-135m-instruct-q4_1-{dtype}-"
+    out = CACHE / (prefix + key)
     if (out / "model.safetensors").is_file():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
+    for stale in CACHE.glob(prefix + "*"):  # an older GGUF's or converter's
+        shutil.rmtree(stale, ignore_errors=True)
     # Written beside, then renamed: another test process may be converting at once.
     staging = pathlib.Path(tempfile.mkdtemp(dir=CACHE, prefix=".staging-"))
     try:
