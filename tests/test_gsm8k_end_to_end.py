@@ -1,29 +1,33 @@
 """End to end on the CPU: RL with replay from a Hugging Face checkpoint on GSM8K.
 
-A tiny random Qwen2.5-shaped checkpoint (151,936-row vocabulary, a real tokenizer.json
-with Qwen2.5's chat template; tests/checkpoints.py) and tests/data/gsm8k_tiny.jsonl,
-trained by scripts/train.py with configs/gsm8k.py: a few replay steps, a checkpoint, a
-resume, an export that transformers loads and decodes like replax; on 1 device and on
-the 8-device mesh."""
+A tiny random Qwen2.5-shaped checkpoint (151,936-row vocabulary, Qwen3's real
+tokenizer.json with Qwen2.5's chat template; tests/checkpoints.py) and a slice of the
+real GSM8K test set (tests/assets.py), trained by scripts/train.py with configs/gsm8k.py:
+a few replay steps, a checkpoint, a resume, and an export. An entropy bonus makes every
+step move the weights (the random policy's rewards are all 0, so the policy-gradient
+term alone gives none): the export must hold the trained params of the step it names,
+not the initial ones, and transformers must load it and decode it as replax decodes the
+trained params. On 1 device and on the 8-device mesh."""
 
 import json
 import os
 import subprocess
 import sys
 
+import assets
 import jax
 import numpy as np
 import pytest
 from checkpoints import write_qwen_style_tokenizer, write_tiny_qwen25
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(ROOT, "tests", "data", "gsm8k_tiny.jsonl")
-# R = 2 x 4 = 8, B = 8, N = 16: the 8 devices divide every batch. Prompts through the chat
-# template are up to 78 tokens of this tokenizer.
+# R = 2 x 4 = 8, B = 8, N = 16: the 8 devices divide every batch. The data: the first
+# GSM8K test questions whose chat prompts fit MAX_PROMPT tokens, 24 to train and 8 held out.
+MAX_PROMPT, NUM_TRAIN, NUM_TEST = 128, 24, 8
 TINY = [
-    "--config.model.max_len=112",
+    f"--config.model.max_len={MAX_PROMPT + 16}",
     "--config.model.dtype=float32",
-    "--config.rollout.max_prompt_len=96",
+    f"--config.rollout.max_prompt_len={MAX_PROMPT}",
     "--config.rollout.max_new_tokens=16",
     "--config.rollout.prompts_per_step=2",
     "--config.rollout.group_size=4",
@@ -35,6 +39,9 @@ TINY = [
     "--config.eval.every=2",
     "--config.checkpoint_every=2",
     "--config.optimizer.learning_rate=1e-3",
+    "--config.loss.entropy_coef=0.01",
+    # Keep the all-zero-reward groups in the buffer, for the entropy bonus to train on.
+    "--config.replay.drop_zero_advantage=false",
 ]
 
 
@@ -47,7 +54,28 @@ def checkpoint(tmp_path_factory):
     return root / "model"
 
 
-def train(workdir, checkpoint, *extra, devices=8):
+@pytest.fixture(scope="module")
+def data(checkpoint, tmp_path_factory):
+    """A directory with train.jsonl and test.jsonl: real GSM8K test records."""
+    from replax.tasks.math import GSM8K_INSTRUCTION
+    from replax.tokenizer import HFTokenizer, format_prompt
+
+    tokenizer = HFTokenizer(str(checkpoint))
+    fits = [
+        r
+        for r in assets.read_jsonl(assets.gsm8k("test"))[:200]
+        if len(tokenizer.encode(format_prompt(tokenizer, f"{r['question']}\n{GSM8K_INSTRUCTION}")))
+        <= MAX_PROMPT
+    ]
+    assert len(fits) >= NUM_TRAIN + NUM_TEST
+    directory = tmp_path_factory.mktemp("gsm8k")
+    for name, records in (("train", fits[:NUM_TRAIN]), ("test", fits[NUM_TRAIN:][:NUM_TEST])):
+        with open(directory / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    return directory
+
+
+def train(workdir, checkpoint, data, *extra, devices=8):
     env = {
         **os.environ,
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
@@ -59,7 +87,7 @@ def train(workdir, checkpoint, *extra, devices=8):
         "--config=configs/gsm8k.py:qwen2.5-0.5b-instruct",
         f"--workdir={workdir}",
         f"--config.model.checkpoint={checkpoint}",
-        f"--config.task.data_path={DATA}",
+        f"--config.task.data_path={data}",
         *TINY,
         # The config's layer scan, remat, chunked log-probs and bfloat16 sampler stay on;
         # B = 8 splits into 2 microbatches on one device, none on 8 (one row per device).
@@ -82,27 +110,9 @@ def strip_timing(records):
     return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
-@pytest.mark.parametrize("devices", [1, 8])
-def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, devices):
-    workdir = tmp_path / "run"
-    first = train(workdir, checkpoint, "--config.total_steps=2", devices=devices)
-    assert first.returncode == 0, first.stderr[-3000:]
-    resumed = train(workdir, checkpoint, "--config.total_steps=4", devices=devices)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from step 2" in resumed.stdout + resumed.stderr
-    records = read(workdir)
-    assert [r["step"] for r in records] == [1, 2, 3, 4]
-    assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
-    for r in records:
-        # Completions stop at a stop id or the length limit; no token past the tokenizer.
-        assert 0 < r["gen_tokens"] <= r["gen_rollouts"] * 16
-        assert r["reward_errors"] == 0
-    assert "eval_accuracy" in records[1] and "eval_accuracy" in records[3]
-
-    # Export: transformers loads the directory and decodes greedily as replax does.
-    out = tmp_path / "hf"
+def export(workdir, out, *extra, devices=8):
     proc = subprocess.run(
-        [sys.executable, "scripts/export.py", f"--workdir={workdir}", f"--out={out}"],
+        [sys.executable, "scripts/export.py", f"--workdir={workdir}", f"--out={out}", *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -110,21 +120,91 @@ def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, devices
         env={**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def trained_params(workdir, step, config):
+    """The params of checkpoint `step`, read with orbax alone (not replax's restore), as
+    HF-named tensors."""
+    import orbax.checkpoint as ocp
+
+    from replax import hf_layout
+
+    path = os.path.join(workdir, "checkpoints", str(step), "train_state")
+    with ocp.StandardCheckpointer() as reader:
+        state = reader.restore(path)
+    params = state["params"]
+    return hf_layout.params_to_hf(params.get("params", params), config)
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, data, devices):
+    workdir = tmp_path / "run"
+    first = train(workdir, checkpoint, data, "--config.total_steps=2", devices=devices)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = train(workdir, checkpoint, data, "--config.total_steps=4", devices=devices)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 2" in resumed.stdout + resumed.stderr
+    # The run's task (from the configuration it saved) reads the real slice, split as the
+    # files are, and scores each real solution 1 against its reference and 0 against the
+    # next problem's (what the rewards of a trained policy would rest on).
+    import ml_collections
+
+    from replax import configuration
+    from replax.tasks.answers import gsm8k_reference
+
+    with open(workdir / "config.json") as f:
+        task = configuration.make_task_from_config(ml_collections.ConfigDict(json.load(f)))
+    for split, count in (("train", NUM_TRAIN), ("test", NUM_TEST)):
+        solutions = [r["answer"] for r in assets.read_jsonl(data / f"{split}.jsonl")]
+        answers = [e.answer for e in task.examples(split, 0)]
+        assert answers == [gsm8k_reference(s) for s in solutions] and len(answers) == count
+        assert [task.reward(s, a) for s, a in zip(solutions, answers)] == [1.0] * count
+        wrong = [task.reward(s, a) for s, a in zip(solutions, answers[1:] + answers[:1])]
+        assert sum(wrong) <= 1, wrong
+    records = read(workdir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
+    for r in records:
+        # Completions stop at a stop id or the length limit; no token past the tokenizer.
+        assert 0 < r["gen_tokens"] <= r["gen_rollouts"] * 16
+        assert 0.0 <= r["reward_mean"] <= 1.0
+    assert "eval_accuracy" in records[1] and "eval_accuracy" in records[3]
+
+    # Export of steps 2 and 4: each the params of its own checkpoint, and both moved from
+    # the initial checkpoint.
+    from safetensors.numpy import load_file
+
+    from replax import hf
+
+    out = export(workdir, tmp_path / "hf", devices=devices)
+    out2 = export(workdir, tmp_path / "hf2", "--step=2", devices=devices)
     assert {"config.json", "tokenizer.json", "generation_config.json"} <= set(os.listdir(out))
+    initial = load_file(str(checkpoint / "model.safetensors"))
+    exported, exported2 = (load_file(str(d / "model.safetensors")) for d in (out, out2))
+    config = hf.read_config(str(out), scan_layers=True)
+    trained, trained2 = (trained_params(workdir, step, config) for step in (4, 2))
+    assert set(exported) == set(initial) == set(trained)
+    for name in initial:
+        np.testing.assert_array_equal(exported[name], trained[name], err_msg=name)
+        np.testing.assert_array_equal(exported2[name], trained2[name], err_msg=name)
+        assert np.abs(exported[name] - initial[name]).max() > 1e-5, name
+        assert np.abs(exported[name] - exported2[name]).max() > 1e-5, name
+
+    # transformers loads the export and decodes greedily as replax decodes it.
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from replax import hf
     from replax import sampler as sampler_lib
     from replax.tokenizer import HFTokenizer, encode_prompts
 
     tokenizer = HFTokenizer(str(out))
-    question = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+    question = assets.read_jsonl(data / "test.jsonl")[0]["question"]
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}])
-    ids, mask = encode_prompts(tokenizer, [prompt], 64)
-    config, params = hf.load_pretrained(str(out), max_len=80)
+    ids, mask = encode_prompts(tokenizer, [prompt], MAX_PROMPT)
+    config, params = hf.load_pretrained(str(out), max_len=MAX_PROMPT + 16)
     ours = sampler_lib.make_sampler(
         config,
-        max_prompt_len=64,
+        max_prompt_len=MAX_PROMPT,
         max_new_tokens=12,
         stop_ids=tokenizer.stop_ids,
         pad_id=tokenizer.pad_id,

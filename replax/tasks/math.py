@@ -14,16 +14,23 @@ within \\boxed{}."). "base": a few-shot prompt with fixed exemplars written for 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
 import re
+import threading
 
 from replax.tasks import Example, Task
 from replax.tasks.answers import BOX_COMMANDS, answers_match, extract_answer, extract_gsm8k_answer
 from replax.tasks.math_data import is_saved_dataset, read_gsm8k, read_math
 
 _MAX_CHARS = 100_000  # completions are capped by the sampler; this guards odd input
+
+# How a final answer is compared with the reference: replax's normaliser
+# (`answers.answers_match`) or the math-verify package's parser and sympy comparison
+# (pip install 'replax[math_verify]').
+GRADERS = ("builtin", "math_verify")
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -83,27 +90,50 @@ _NEXT_QUESTION = re.compile(r"\n\s*(?:Question|Problem):")
 # Rewards.
 
 
-def _reward(extract, completion: str, answer: str) -> float:
+def math_verify_match(predicted: str, reference: str) -> bool:
+    """math-verify's verdict on two final answers (each parsed as inline LaTeX)."""
+    import math_verify
+
+    # Its timeouts use signal.alarm, which only the main thread may set.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = math_verify.parse(f"${reference}$", parsing_timeout=timeout)
+    target = math_verify.parse(f"${predicted}$", parsing_timeout=timeout)
+    return bool(gold and target and math_verify.verify(gold, target, timeout_seconds=timeout))
+
+
+def check_grader(grader: str) -> None:
+    """Raises a one-line ValueError for an unknown grader or a missing math-verify."""
+    if grader not in GRADERS:
+        raise ValueError(f"task.grader={grader!r}: allowed are {list(GRADERS)}")
+    if grader == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        raise ValueError(
+            "task.grader='math_verify' needs the math-verify package: pip install "
+            "'replax[math_verify]' (or task.grader='builtin')"
+        )
+
+
+def _reward(extract, completion: str, answer: str, grader: str = "builtin") -> float:
     try:
         if len(completion) > _MAX_CHARS or len(answer) > _MAX_CHARS:
             return 0.0
         predicted = extract(completion)
         if predicted is None:
             return 0.0
-        return 1.0 if answers_match(predicted, answer) else 0.0
+        match = math_verify_match if grader == "math_verify" else answers_match
+        return 1.0 if match(predicted, answer) else 0.0
     except Exception:  # noqa: BLE001 - a reward must never take the trainer down
         return 0.0
 
 
-def gsm8k_reward(completion: str, answer: str) -> float:
+def gsm8k_reward(completion: str, answer: str, grader: str = "builtin") -> float:
     """1.0 if the completion's GSM8K answer equals `answer` (the reference final answer),
-    else 0.0. Never raises."""
-    return _reward(extract_gsm8k_answer, completion, answer)
+    else 0.0. Never raises. grader: one of GRADERS."""
+    return _reward(extract_gsm8k_answer, completion, answer, grader)
 
 
-def math_reward(completion: str, answer: str) -> float:
+def math_reward(completion: str, answer: str, grader: str = "builtin") -> float:
     """1.0 if the completion's final answer (`extract_answer`) equals `answer`, else 0.0.
-    Never raises.
+    Never raises. grader: one of GRADERS.
 
     `answer` is the reference final answer ("42", "\\frac{1}{2}"); a full reference
     solution ending in "#### 42" or containing \\boxed{...} also works.
@@ -113,7 +143,7 @@ def math_reward(completion: str, answer: str) -> float:
             answer = extract_answer(answer) or ""
     except Exception:  # noqa: BLE001
         return 0.0
-    return _reward(extract_answer, completion, answer)
+    return _reward(extract_answer, completion, answer, grader)
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,6 +167,7 @@ class MathTask(Task):
     `replax.tokenizer.format_prompt`), "base" (few-shot, `num_shots` exemplars) or "plain";
     None picks "instruct" for a tokenizer with a chat template, "base" for one without,
     "plain" without a tokenizer.
+    grader: how answers are compared, "builtin" or "math_verify" (GRADERS).
     """
 
     def __init__(
@@ -152,7 +183,9 @@ class MathTask(Task):
         instruction: str | None = None,
         num_shots: int = 4,
         test_fraction: float = 0.1,
+        grader: str = "builtin",
     ):
+        check_grader(grader)
         if name not in ("gsm8k", "math"):
             raise ValueError(f"task.name={name!r}: allowed are 'gsm8k', 'math'")
         if prompt_format is None:
@@ -183,6 +216,7 @@ class MathTask(Task):
         )
         self.shots = shots[:num_shots]
         self.test_fraction = test_fraction
+        self.grader = grader
         self._cache: dict[str, list[Example]] = {}
 
     # Data.
@@ -293,8 +327,8 @@ class MathTask(Task):
         except Exception:  # noqa: BLE001
             return 0.0
         if self.name == "gsm8k":
-            return gsm8k_reward(completion, answer)
-        return math_reward(completion, answer)
+            return gsm8k_reward(completion, answer, self.grader)
+        return math_reward(completion, answer, self.grader)
 
     def demonstration(self, example: Example) -> str:
         if self.name == "gsm8k":
@@ -341,5 +375,6 @@ class MathTask(Task):
     def __repr__(self) -> str:
         return (
             f"MathTask({self.name!r}, data_path={self.data_path!r}, test_path="
-            f"{self.test_path!r}, files={self.files!r}, prompt_format={self.prompt_format!r})"
+            f"{self.test_path!r}, files={self.files!r}, prompt_format={self.prompt_format!r}, "
+            f"grader={self.grader!r})"
         )
