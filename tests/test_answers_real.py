@@ -64,18 +64,15 @@ def test_every_math_solution_scores_one_against_its_reference(name, split, use_a
     pairs = _math_pairs(path, use_answer_field)
     assert len(pairs) == count
     # Two MATH train solutions end in an empty \boxed{} (the data set's own slip): they
-    # have no reference, and the reader rejects the file naming the line.
+    # have no reference, and the reader leaves them out.
     empty = [i for i, (_, reference) in enumerate(pairs) if not reference]
     assert len(empty) == (2 if name == "math_train" else 0)
     pairs = [pair for pair in pairs if pair[1]]
     misses = [ref for solution, ref in pairs if math_task.math_reward(solution, ref) != 1.0]
     print(f"\n{name}: {len(pairs)} solutions, {len(misses)} missed by the built-in grader")
     assert len(misses) <= len(KNOWN_MISSES[name]), misses[:10]
-    if empty:
-        with pytest.raises(ValueError, match=f"train.jsonl:{empty[0] + 1}: malformed MATH"):
-            read_math(path)
-    else:  # the task reads the same references (MATH-500: its answer field)
-        assert [e.answer for e in read_math(path)] == [ref.strip() for _, ref in pairs]
+    # The task reads the same references (MATH-500: its answer field).
+    assert [e.answer for e in read_math(path)] == [ref.strip() for _, ref in pairs]
 
 
 @pytest.mark.parametrize("name", ["math500", "math500_shifted", "math_test"])

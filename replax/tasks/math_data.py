@@ -13,6 +13,8 @@ import os
 import pathlib
 from typing import Any
 
+from absl import logging
+
 from replax.tasks import Example
 from replax.tasks.answers import gsm8k_reference, last_boxed
 
@@ -96,16 +98,27 @@ def read_gsm8k_jsonl(path: str | os.PathLike) -> list[Example]:
 
 def read_math(path: str | os.PathLike, split: str | None = None) -> list[Example]:
     """MATH examples: prompt = the problem, answer = the `answer` field if present, else
-    the last \\boxed{...} of the solution."""
-    out = []
+    the last \\boxed{...} of the solution. A solution whose last box is empty (two of the
+    real MATH train set's 7,500) has no answer to grade against: the example is left out
+    with a warning naming how many; a solution with no box at all is a malformed record."""
+    out, empty = [], []
     for where, record in read_records(path, split):
         problem = _field(where, record, "problem", "MATH")
         answer = record.get("answer")
         if not isinstance(answer, str) or not answer.strip():
             answer = last_boxed(_field(where, record, "solution", "MATH"))
-            if not answer:
+            if answer is None:
                 raise ValueError(
                     f"{where}: malformed MATH record (no answer, no \\boxed in solution)"
                 )
+            if not answer.strip():
+                empty.append(where)
+                continue
         out.append(Example(prompt=problem, answer=answer.strip()))
+    if empty:
+        logging.warning(
+            "%d MATH records have an empty \\boxed{} and no answer, left out (first: %s)",
+            len(empty),
+            empty[0],
+        )
     return out
