@@ -163,17 +163,26 @@ def test_kill_9_at_22_points_then_damage_never_restores_changed_bytes(tmp_path, 
         if kind == "none":
             assert proc.returncode == 0, stderr[-3000:]
             break
-        if resumed or reports:
-            endings["reported the damage, resumed from the newest intact checkpoint"] += 1
+        assert proc.returncode == -signal.SIGKILL or kind == "time", (point, stderr[-3000:])
+        # How this run began (after the previous point's damage), and how it ended.
+        if reports:
+            endings[
+                "began: reported the damaged checkpoint, "
+                + ("resumed from the one before" if resume_at else "started again")
+            ] += 1
+        elif resumed:
+            endings["began: resumed (nothing damaged was left)"] += 1
         else:
-            endings["killed before it restored"] += 1
+            endings["began: killed before it restored"] += 1
+        ended = "killed" if proc.returncode == -signal.SIGKILL else "finished first"
+        endings[f"ended: {kind} kill, {ended}"] += 1
         committed = _committed_steps(workdir)
         if committed:
             _overwrite_largest_file(workdir / "checkpoints" / str(committed[-1]), rng)
             damaged.add(committed[-1])
     assert not damaged
     assert strip_timing(read(str(workdir))) == strip_timing(read(str(reference)))
-    print(dict(endings))
+    print("\n".join(f"{n:3d}  {ending}" for ending, n in sorted(endings.items())))
 
 
 def test_an_overflowing_rate_skips_every_step_and_keeps_the_checkpoints_finite(tmp_path):
