@@ -12,6 +12,7 @@ under ~/.cache/replax-tests/ keyed by the GGUF's size and mtime and the converte
 source hash.
 """
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -103,19 +104,20 @@ def converted_smollm2(dtype: str = "float32") -> pathlib.Path:
     key = f"{stat.st_size}-{stat.st_mtime_ns}-{code}"
     prefix = f"smollm2-135m-instruct-q4_1-{dtype}-"
     out = CACHE / (prefix + key)
-    if (out / "model.safetensors").is_file():
-        return out
     CACHE.mkdir(parents=True, exist_ok=True)
-    for stale in CACHE.glob(prefix + "*"):  # an older GGUF's or converter's
-        shutil.rmtree(stale, ignore_errors=True)
-    # Written beside, then renamed: another test process may be converting at once.
-    staging = pathlib.Path(tempfile.mkdtemp(dir=CACHE, prefix=".staging-"))
-    try:
-        gguf_lib.convert(str(source), str(staging), dtype=dtype)
-        try:
-            staging.rename(out)
-        except OSError:  # the other process won
-            pass
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # One test process converts while the others wait (pytest-xdist runs several): a
+    # process never removes or renames a directory another one is reading.
+    with open(CACHE / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "model.safetensors").is_file():
+            for stale in CACHE.glob(prefix + "*"):  # an older GGUF's or converter's
+                if stale != out:
+                    shutil.rmtree(stale, ignore_errors=True)
+            staging = pathlib.Path(tempfile.mkdtemp(dir=CACHE, prefix=".staging-"))
+            try:
+                gguf_lib.convert(str(source), str(staging), dtype=dtype)
+                shutil.rmtree(out, ignore_errors=True)  # a conversion cut short
+                staging.rename(out)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     return out

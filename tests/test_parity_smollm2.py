@@ -119,6 +119,21 @@ def test_logits_on_gsm8k_prompts_match_transformers(smollm2, reference, prompts)
         f"(logits up to {scale:.1f})"
     )
     assert scale > 5.0 and diff < LOGIT_TOL
+    # Against transformers in float64: replax's float32 error is of the size of
+    # transformers' own float32 error, i.e. the gap above is float32 rounding on both
+    # sides, not a difference in the computation.
+    exact = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2[0], dtype=torch.float64, attn_implementation="eager"
+    ).eval()
+    ours64 = theirs64 = 0.0
+    for row in range(len(ids)):  # one prompt at a time, unpadded
+        valid = np.asarray(mask[row])
+        with torch.no_grad():
+            expected64 = exact(input_ids=torch.tensor(ids[row][valid])[None].long()).logits[0]
+        ours64 = max(ours64, float(np.abs(got[row][valid] - expected64.numpy()).max()))
+        theirs64 = max(theirs64, float(np.abs(expected[row][valid] - expected64.numpy()).max()))
+    print(f"against float64 transformers: replax {ours64:.2e}, transformers float32 {theirs64:.2e}")
+    assert ours64 < 2 * theirs64 + 1e-5
 
 
 @pytest.fixture(scope="module")
