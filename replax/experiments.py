@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
+import dataclasses
 import json
 import os
 import time
@@ -18,17 +18,14 @@ from typing import Any
 import ml_collections
 
 from replax import analysis, config_utils
-from replax import configuration as cfg
+from replax import spec as spec_lib
 
 # ------------------------------------------------------------------- configs
 
 
 def load_config(path: str, variant: str | None = None) -> ml_collections.ConfigDict:
     """get_config(variant) of a config file (configs/NAME.py)."""
-    spec = importlib.util.spec_from_file_location(f"_replax_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant)
+    return config_utils.load_module(path).get_config(variant)
 
 
 def file_config(config_flag: str) -> ml_collections.ConfigDict:
@@ -40,10 +37,7 @@ def file_config(config_flag: str) -> ml_collections.ConfigDict:
 
 def config_variants(path: str) -> tuple[str, ...]:
     """The VARIANTS a config file declares (empty if it declares none)."""
-    spec = importlib.util.spec_from_file_location(f"_replax_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return tuple(getattr(module, "VARIANTS", ()))
+    return tuple(getattr(config_utils.load_module(path), "VARIANTS", ()))
 
 
 def parse_value(text: str, current: Any) -> Any:
@@ -96,6 +90,11 @@ def split_override(text: str) -> tuple[str | None, str, str]:
     return (scope if colon else None), key.strip(), value
 
 
+def rollouts_per_step(config: ml_collections.ConfigDict) -> int:
+    """R = prompts_per_step x group_size of a config not yet parsed (it may be changed)."""
+    return config.rollout.prompts_per_step * config.rollout.group_size
+
+
 def finalize_config(
     config,
     *,
@@ -113,13 +112,14 @@ def finalize_config(
     with room for the most steps its largest replay ratio (replay.auto_max_y) can take.
     Keys in `explicit` (set by the user's overrides) are left alone."""
     explicit = set(explicit)
-    r = cfg.rollouts_per_step(config)
+    r = rollouts_per_step(config)
     config.total_steps = max(budget_rollouts // r, 1)
     if "eval.every" not in explicit:  # spaced for a run that generates every step
         config.eval.every = max(1, round(config.total_steps / num_evals))
     if config.replay.mode == "auto":
         config.total_rollouts = budget_rollouts
-        config.total_steps *= cfg.auto_max_period(config)
+        b = config.train.batch_size
+        config.total_steps *= spec_lib.auto_max_period(config.replay.auto_max_y, r, b)
     if "checkpoint_every" not in explicit:
         config.checkpoint_every = min(config.checkpoint_every, config.total_steps)
     config.seed = seed
@@ -134,11 +134,13 @@ def finalize_config(
 # ---------------------------------------------------------------------- runs
 
 
-def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+def ensure_run(
+    spec: spec_lib.RunSpec, workdir: str, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Runs (or resumes) the run in workdir unless its last record is at total_steps.
     Returns the trainer's summary (saved in workdir/summary.json), or what is known."""
     summary_path = os.path.join(workdir, analysis.SUMMARY_FILE)
-    if analysis.is_finished(workdir, config.total_steps, config.total_rollouts):
+    if analysis.is_finished(workdir, spec.total_steps, spec.total_rollouts):
         log(f"done already: {workdir}")
         if os.path.exists(summary_path):
             with open(summary_path) as f:
@@ -146,9 +148,9 @@ def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict
         return {}
     from replax import trainer  # imported late: scripts parse flags before JAX starts
 
-    log(f"running {workdir} ({config.total_steps} steps)")
+    log(f"running {workdir} ({spec.total_steps} steps)")
     t0 = time.time()
-    summary = trainer.train(config, workdir, log=lambda m: log(f"  {m}"))
+    summary = trainer.train(spec, workdir, log=lambda m: log(f"  {m}"))
     log(
         f"  final accuracy {summary['final_accuracy']:.3f} (base "
         f"{summary['base_accuracy']:.3f}) in {time.time() - t0:.0f} s"
@@ -158,9 +160,9 @@ def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict
         return json.load(f)
 
 
-def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
+def evaluate_checkpoint(spec: spec_lib.RunSpec, workdir: str) -> dict[str, Any]:
     """The run's held-out evaluation (greedy accuracy, pass@k at temperature 1, entropy;
-    the sizes in config.eval) of its latest checkpoint, with the evaluation key 0. Builds
+    the sizes in spec.eval) of its latest checkpoint, with the evaluation key 0. Builds
     the run and reads its data; never reruns a warm start."""
     import jax
 
@@ -170,7 +172,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise config_utils.ConfigError(f"--workdir={workdir} has no checkpoints/")
-    run = run_lib.build(config, workdir)
+    run = run_lib.build(spec, workdir)
     data = run_lib.prepare_data(run)
     train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
     checkpointer = checkpoint.Checkpointer(ckpt_dir)
@@ -183,17 +185,20 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
     return {"step": step, **{k: float(v) for k, v in metrics.items()}}
 
 
-def final_evaluation(config, workdir: str, pass_k_prompts: int, log=print) -> dict[str, Any]:
+def final_evaluation(
+    spec: spec_lib.RunSpec, workdir: str, pass_k_prompts: int, log=print
+) -> dict[str, Any]:
     """evaluate_checkpoint of a finished run with pass@k over `pass_k_prompts` held-out
-    prompts (the runs' own evaluations use config.eval.pass_k_prompts, 64 by default: one
+    prompts (the runs' own evaluations use eval.pass_k_prompts, 64 by default: one
     prompt moves pass@k by 1.6 points). Cached in workdir/final_eval_pass{n}.json."""
     path = os.path.join(workdir, f"final_eval_pass{pass_k_prompts}.json")
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.eval.pass_k_prompts = pass_k_prompts
-    result = evaluate_checkpoint(config, workdir)
+    spec = dataclasses.replace(
+        spec, eval=dataclasses.replace(spec.eval, pass_k_prompts=pass_k_prompts)
+    )
+    result = evaluate_checkpoint(spec, workdir)
     log(f"final evaluation of {workdir}: pass@k {result.get('eval_pass_at_k')}")
     with open(path, "w") as f:
         json.dump(result, f)

@@ -45,8 +45,8 @@ from replax import (
     analysis,  # noqa: E402
     config_utils,  # noqa: E402
 )
-from replax import configuration as cfg  # noqa: E402
 from replax import experiments as ex  # noqa: E402
+from replax import spec as spec_lib  # noqa: E402
 
 REFERENCE = "onpolicy"
 CANDIDATE = "replay"
@@ -154,7 +154,7 @@ class Plan:
     def _default_budget(self) -> int:
         reference = REFERENCE if REFERENCE in self.variants else self.variants[0]
         config = self._overridden(reference)
-        return config.total_steps * cfg.rollouts_per_step(config)
+        return config.total_steps * ex.rollouts_per_step(config)
 
     def config(self, variant: str, lr: float, seed: int):
         return ex.finalize_config(
@@ -166,6 +166,10 @@ class Plan:
             shared_dir=self.workdir,
             explicit={key for scope, key, _ in self.overrides if scope in (None, variant)},
         )
+
+    def spec(self, variant: str, lr: float, seed: int) -> spec_lib.RunSpec:
+        """The run spec of one run (its config was checked by `validate`)."""
+        return spec_lib.parse(self.config(variant, lr, seed))
 
     def run_dir(self, variant: str, lr: float, seed: int) -> str:
         return os.path.join(self.workdir, "runs", variant, f"lr{lr:g}", f"seed{seed}")
@@ -204,7 +208,7 @@ def run_all(plan: Plan, log=print):
         grid = []
         for lr in plan.lr_grid[v]:
             workdir = plan.run_dir(v, lr, plan.args.select_seed)
-            ex.ensure_run(plan.config(v, lr, plan.args.select_seed), workdir, log=log)
+            ex.ensure_run(plan.spec(v, lr, plan.args.select_seed), workdir, log=log)
             records, base = analysis.load_run(workdir)
             s = analysis.summarize_run(records, base_accuracy=base)
             grid.append({"lr": lr, **{k: s[k] for k in ("final_accuracy", "mean_accuracy")}})
@@ -216,12 +220,12 @@ def run_all(plan: Plan, log=print):
         runs, finals = [], []
         for seed in plan.seeds:
             workdir = plan.run_dir(v, best["lr"], seed)
-            config = plan.config(v, best["lr"], seed)
-            ex.ensure_run(config, workdir, log=log)
+            spec = plan.spec(v, best["lr"], seed)
+            ex.ensure_run(spec, workdir, log=log)
             runs.append((seed, workdir))
             if plan.args.final_pass_k_prompts:
                 n = plan.args.final_pass_k_prompts
-                finals.append(ex.final_evaluation(config, workdir, n, log=log))
+                finals.append(ex.final_evaluation(spec, workdir, n, log=log))
         out[v] = {"lr_grid": grid, "lr": best["lr"], "runs": runs, "final_evals": finals}
     return out
 
@@ -278,7 +282,7 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
             "lr": results[v]["lr"],
             "seeds": [s["seed"] for s in per_seed],
             "run_dirs": [os.path.relpath(d, plan.workdir) for *_, d in runs],
-            "R": cfg.rollouts_per_step(config),
+            "R": ex.rollouts_per_step(config),
             "B": config.train.batch_size,
             "N": config.replay.capacity,
             "total_steps": config.total_steps,

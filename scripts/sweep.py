@@ -39,8 +39,8 @@ from replax import (
     analysis,  # noqa: E402
     config_utils,  # noqa: E402
 )
-from replax import configuration as cfg  # noqa: E402
 from replax import experiments as ex  # noqa: E402
+from replax import spec as spec_lib  # noqa: E402
 
 KEYS = (
     "final_accuracy",
@@ -126,7 +126,7 @@ class Sweep:
         if any(scope is not None for scope, _, _ in self.overrides):
             raise config_utils.ConfigError("sweep --override takes KEY=VALUE (no scope)")
         base = self.base_config()
-        self.r = cfg.rollouts_per_step(base)
+        self.r = ex.rollouts_per_step(base)
         cmp = self.compare or {}
         self.lr = args.lr or cmp.get("lr_chosen", {}).get(args.variant)
         self.lr = self.lr or base.optimizer.learning_rate
@@ -154,7 +154,7 @@ class Sweep:
         config = ex.load_config(self.args.config, reference)
         for _, key, value in self.overrides:
             ex.set_value(config, key, value)
-        return config.total_steps * cfg.rollouts_per_step(config)
+        return config.total_steps * ex.rollouts_per_step(config)
 
     def base_config(self):
         config = ex.load_config(self.args.config, self.args.variant)
@@ -241,7 +241,7 @@ def run_and_summarize(sweep: Sweep, log=print):
         cell["runs"] = []
         for seed in sweep.seeds:
             workdir = sweep.run_dir(cell, seed)
-            ex.ensure_run(sweep.config(cell, seed), workdir, log=log)
+            ex.ensure_run(spec_lib.parse(sweep.config(cell, seed)), workdir, log=log)
             records, base = analysis.load_run(workdir)
             summary = analysis.summarize_run(records, base_accuracy=base)
             summary.update(analysis.to_target(records, sweep.target, mus, base_accuracy=base))

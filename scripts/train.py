@@ -74,6 +74,7 @@ def main(argv):
     import jax
 
     from replax import config_utils, configuration, experiments, runtime, sharding, trainer
+    from replax import spec as spec_lib
 
     config_file = flags.FLAGS["config"].config_filename.split(":")[0]
     if not os.path.isfile(config_file):
@@ -89,11 +90,11 @@ def main(argv):
         )
     except (ValueError, TypeError, RuntimeError) as e:
         _fail(f"jax.distributed: {_one_line(e)}")
-    try:  # train validates the config before it creates anything
+    try:  # the spec checks itself, and train builds it, before anything is created
         # A task.name on the command line keeps only the file's task.* keys it can use.
         file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
-        config = configuration.fit_task_section(config, file_config)
-        summary = trainer.train(config, _WORKDIR.value)
+        spec = spec_lib.parse(configuration.fit_task_section(config, file_config))
+        summary = trainer.train(spec, _WORKDIR.value)
     except config_utils.ConfigError as e:
         _fail(str(e))
     except runtime.Preempted as e:
