@@ -37,6 +37,12 @@ def load_module(path: str):
     return module
 
 
+def load_sibling(file: str, name: str):
+    """The module of file `name` next to `file` (a config file's `__file__`): how a config
+    reaches configs/_common.py or configs/_real_models.py."""
+    return load_module(os.path.join(os.path.dirname(os.path.abspath(file)), name))
+
+
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
