@@ -43,6 +43,19 @@ def load_sibling(file: str, name: str):
     return load_module(os.path.join(os.path.dirname(os.path.abspath(file)), name))
 
 
+def flag_error_line(error: Exception) -> str:
+    """The informative line of a flag-parsing error (config files raise inside absl)."""
+    text = str(error).strip().strip('"')
+    if isinstance(error, KeyError) or (text.startswith("'") and text.endswith("'")):
+        return f"unknown config key {text}: the config file lists the keys it has"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    line = lines[-1] if "Traceback" in str(error) else lines[0]
+    head, sep, tail = line.partition(": ")
+    return tail if sep and head.rsplit(".", 1)[-1].endswith(("Error", "Exception")) else line
+
+
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)

@@ -1,7 +1,9 @@
-"""Helpers for the experiment scripts (compare.py, sweep.py, evaluate.py): config files
-and `KEY=VALUE` overrides, the settings every comparison run fixes, and running or
-evaluating one resumable run in process. Analysis of finished runs lives in
-`replax.analysis`, which reads metrics.jsonl alone.
+"""Helpers for the experiment scripts (compare.py, sweep.py, evaluate.py): their shared
+command line (absl flags with `--config=FILE[:ARG]` and `--config.KEY=VALUE`, as
+scripts/train.py takes them), config files and `KEY=VALUE` overrides, the settings every
+comparison run fixes, running or evaluating one resumable run in process, and writing a
+study's report. Analysis of finished runs lives in `replax.analysis`, which reads
+metrics.jsonl alone.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -19,6 +23,86 @@ import ml_collections
 
 from replax import analysis, config_utils
 from replax import spec as spec_lib
+
+# ------------------------------------------------------------- command line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "arith.py")
+
+
+def parse_command_line(prog: str, argv: list[str], define: Callable[[Any], None]):
+    """The absl FlagValues of a study script's command line: `--config=FILE[:ARG]` and
+    `--config.KEY=VALUE` (ml_collections config_flags, as scripts/train.py reads them;
+    each KEY must be a key of the file's config), `--workdir` (required), `--override`
+    (repeatable `[SCOPE:]KEY=VALUE`, the older spelling of --config.KEY=VALUE; a SCOPE
+    is what the script says) and `--compilation_cache`, plus the flags `define(flag_values)`
+    defines. Raises ConfigError with one line for any bad flag."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = [prog, *argv]
+    values = flags.FlagValues()
+    flags.DEFINE_string("workdir", None, "The study's directory.", flag_values=values)
+    flags.DEFINE_multi_string(
+        "override",
+        [],
+        "[SCOPE:]KEY=VALUE (repeatable): as --config.KEY=VALUE",
+        flag_values=values,
+    )
+    flags.DEFINE_string(
+        "compilation_cache",
+        None,
+        "JAX persistent compilation cache dir (default WORKDIR/jax_cache; 'none': off)",
+        flag_values=values,
+    )
+    define(values)
+    try:  # the config file loads here, and each --config.KEY=VALUE applies to it
+        config_flags.DEFINE_config_file(
+            "config",
+            DEFAULT_CONFIG,
+            "Config file: configs/NAME.py[:ARG].",
+            flag_values=values,
+            sys_argv=argv,
+        )
+        rest = values(argv)
+    except Exception as e:  # noqa: BLE001 - unknown flag or --config.KEY, bad value
+        raise config_utils.ConfigError(config_utils.flag_error_line(e)) from None
+    if rest[1:]:
+        raise config_utils.ConfigError(f"unexpected arguments {rest[1:]}: flags are --NAME=VALUE")
+    path, _ = config_file(values)
+    if not os.path.isfile(path):
+        raise config_utils.ConfigError(
+            f"--config={path}: no such file (e.g. --config=configs/arith.py)"
+        )
+    if not values.workdir:
+        raise config_utils.ConfigError("--workdir is required")
+    return values
+
+
+def config_file(values) -> tuple[str, str | None]:
+    """(FILE, ARG or None) of --config=FILE[:ARG]."""
+    path, _, arg = values["config"].config_filename.partition(":")
+    return path, arg or None
+
+
+def command_line_overrides(values) -> list[tuple[str | None, str, Any]]:
+    """The overrides of a command line as (scope or None, key, value): each
+    --config.KEY=VALUE (every run; typed as config_flags parsed it), then each
+    --override=[SCOPE:]KEY=VALUE (a string, typed like the field when applied)."""
+    given = [
+        (None, name[len("config.") :], values[name].value)
+        for name in values
+        if name.startswith("config.") and values[name].present
+    ]
+    return given + [split_override(o) for o in values.override]
+
+
+def variant_arg(arg: str | None, variant: str | None) -> str | None:
+    """The get_config argument of `variant` under --config=FILE:ARG: ARG's parts, then the
+    variant's (configs/gsm8k.py:qwen3-0.6b,pod with variant onpolicy ->
+    'qwen3-0.6b,pod,onpolicy')."""
+    return ",".join(p for p in (arg, variant) if p) or None
+
 
 # ------------------------------------------------------------------- configs
 
@@ -203,6 +287,29 @@ def final_evaluation(
     with open(path, "w") as f:
         json.dump(result, f)
     return result
+
+
+def write_report(workdir: str, name: str, payload: dict, text: str, plot, argv, t0, load_start):
+    """A study's outputs: NAME.json (the payload with the command, the machine and the
+    wall-clock), NAME.png (`plot(path)`), NAME.md (`text`, also printed)."""
+    payload["command"] = shlex.join([os.path.basename(sys.executable), f"scripts/{name}.py", *argv])
+    payload["machine"] = {
+        **analysis.machine_info(),
+        "load_average_start": load_start,
+        "load_average_end": analysis.load_average(),
+    }
+    payload["wall_s"] = time.time() - t0
+    analysis.write_json(os.path.join(workdir, f"{name}.json"), payload)
+    plot(os.path.join(workdir, f"{name}.png"))
+    with open(os.path.join(workdir, f"{name}.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def cache_dir(flag: str | None, workdir: str) -> str | None:
+    """--compilation_cache: a directory, 'none' (off), or unset (WORKDIR/jax_cache)."""
+    path = flag or os.path.join(workdir, "jax_cache")
+    return None if path == "none" else path
 
 
 @contextlib.contextmanager

@@ -25,6 +25,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from replax.config_utils import flag_error_line as _one_line  # noqa: E402
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_ROOT, "configs", "arith.py"), "Config file: configs/NAME.py[:VARIANT]."
@@ -46,19 +48,6 @@ _PROCESS_ID = flags.DEFINE_integer(
 def _fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-def _one_line(error: Exception) -> str:
-    """The informative line of a flag-parsing error (config files raise inside absl)."""
-    text = str(error).strip().strip('"')
-    if isinstance(error, KeyError) or (text.startswith("'") and text.endswith("'")):
-        return f"unknown config key {text}: the config file lists the keys it has"
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    line = lines[-1] if "Traceback" in str(error) else lines[0]
-    head, sep, tail = line.partition(": ")
-    return tail if sep and head.rsplit(".", 1)[-1].endswith(("Error", "Exception")) else line
 
 
 def _parse(argv):
