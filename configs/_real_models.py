@@ -151,6 +151,70 @@ def parse_variant(arg: str | None) -> dict[str, str]:
     return chosen
 
 
+def _model_section(model: Model, *, max_len: int) -> ml_collections.ConfigDict:
+    """The model section of a named model: its architecture, numerics and start."""
+    # The policy: model.architecture documents the named model; with model.checkpoint its
+    # config.json gives the architecture; max_len, the dtypes and the layer settings apply.
+    m = ml_collections.ConfigDict()
+    for key, value in model.architecture.items():
+        m[key] = value
+    # Longest prompt + completion: the KV cache and positions (not the model's 32k+).
+    m.max_len = max_len
+    # Master weights and Adam state in float32; matmuls and activations in bfloat16.
+    m.param_dtype = "float32"
+    m.dtype = "bfloat16"
+    # Layers under one nn.scan (compile time does not grow with depth), each recomputed in
+    # the backward pass ('full' keeps only its input; 'save_dots' also its matmul outputs,
+    # faster and larger; 'none').
+    m.scan_layers = True
+    m.remat_policy = "full"
+    # 'dot_product' (jax.nn.dot_product_attention), 'splash' (the Pallas TPU kernel: set it
+    # on TPU) or 'einsum' (the reference).
+    m.attention = "dot_product"
+    # Start from the weights of model.checkpoint, a local Hugging Face directory
+    # (config.json, *.safetensors, tokenizer files): a snapshot of the model's Hub
+    # repository (MODELS[name].repo), passed with --config.model.checkpoint=DIR.
+    m.init = "checkpoint"
+    m.checkpoint = ""
+    return m
+
+
+def _task_section(task: str, model: Model) -> ml_collections.ConfigDict:
+    """The task section: local GSM8K / MATH data, prompts through the chat template."""
+    # The task: local GSM8K / MATH data, prompts through the model's chat template.
+    t = ml_collections.ConfigDict()
+    t.name = task
+    # A JSONL or parquet file, a directory with train.jsonl / test.jsonl (or parquet),
+    # or a saved `datasets` DatasetDict (its train and test splits). Required.
+    t.data_path = config_dict.placeholder(str)
+    # Held-out file; unset: data_path's test split (or a hashed test_fraction of one file).
+    t.test_path = config_dict.placeholder(str)
+    t.test_fraction = 0.1
+    # 'instruct' (chat template; every model here is a chat model), 'base' or 'plain'.
+    t.prompt_format = "instruct"
+    # Unset: the chat template's default system turn (Qwen2.5: "You are Qwen, ...").
+    t.system_prompt = config_dict.placeholder(str)
+    # The instruction after the question; unset: the field's standard one (GSM8K: verl's
+    # 'output the final answer after "####"', MATH: Qwen2.5-Math's "\boxed{}").
+    instruction = math_task.GSM8K_INSTRUCTION if task == "gsm8k" else math_task.MATH_INSTRUCTION
+    if model.instruction_suffix:
+        t.instruction = instruction + model.instruction_suffix
+    else:
+        t.instruction = config_dict.placeholder(str)
+    # How answers are compared: 'builtin' (replax's normaliser) or 'math_verify' (the
+    # math-verify package: pip install 'replax[math_verify]').
+    t.grader = "builtin"
+    # Few-shot exemplars of the 'base' format (unused by 'instruct').
+    t.num_shots = 4
+    # Examples of each split written to the dataset; 0: all of the file's.
+    t.num_train = 0
+    t.num_test = 0
+    t.data_seed = 0
+    # Where the tokenized dataset is built; empty means WORKDIR/data.
+    t.data_dir = ""
+    return t
+
+
 def get_config(
     task: str,
     arg: str | None,
@@ -177,29 +241,7 @@ def get_config(
     c = ml_collections.ConfigDict()
     common.run_keys(c, total_steps=steps, checkpoint_every=checkpoint_every)
 
-    # The policy: model.architecture documents the named model; with model.checkpoint its
-    # config.json gives the architecture; max_len, the dtypes and the layer settings apply.
-    c.model = ml_collections.ConfigDict()
-    for key, value in model.architecture.items():
-        c.model[key] = value
-    # Longest prompt + completion: the KV cache and positions (not the model's 32k+).
-    c.model.max_len = max_prompt_len + max_new_tokens
-    # Master weights and Adam state in float32; matmuls and activations in bfloat16.
-    c.model.param_dtype = "float32"
-    c.model.dtype = "bfloat16"
-    # Layers under one nn.scan (compile time does not grow with depth), each recomputed in
-    # the backward pass ('full' keeps only its input; 'save_dots' also its matmul outputs,
-    # faster and larger; 'none').
-    c.model.scan_layers = True
-    c.model.remat_policy = "full"
-    # 'dot_product' (jax.nn.dot_product_attention), 'splash' (the Pallas TPU kernel: set it
-    # on TPU) or 'einsum' (the reference).
-    c.model.attention = "dot_product"
-    # Start from the weights of model.checkpoint, a local Hugging Face directory
-    # (config.json, *.safetensors, tokenizer files): a snapshot of the model's Hub
-    # repository (MODELS[name].repo), passed with --config.model.checkpoint=DIR.
-    c.model.init = "checkpoint"
-    c.model.checkpoint = ""
+    c.model = _model_section(model, max_len=max_prompt_len + max_new_tokens)
 
     # The checkpoint's tokenizer.json, chat template and stop ids (tokenizer.path: another
     # directory; empty means model.checkpoint).
@@ -209,37 +251,7 @@ def get_config(
     # over every chip. Pod: fsdp chips hold one copy of the state, -1 copies take the rest.
     c.mesh = common.mesh((-1, model.pod_fsdp, 1) if pod else (1, -1, 1))
 
-    # The task: local GSM8K / MATH data, prompts through the model's chat template.
-    c.task = ml_collections.ConfigDict()
-    c.task.name = task
-    # A JSONL or parquet file, a directory with train.jsonl / test.jsonl (or parquet),
-    # or a saved `datasets` DatasetDict (its train and test splits). Required.
-    c.task.data_path = config_dict.placeholder(str)
-    # Held-out file; unset: data_path's test split (or a hashed test_fraction of one file).
-    c.task.test_path = config_dict.placeholder(str)
-    c.task.test_fraction = 0.1
-    # 'instruct' (chat template; every model here is a chat model), 'base' or 'plain'.
-    c.task.prompt_format = "instruct"
-    # Unset: the chat template's default system turn (Qwen2.5: "You are Qwen, ...").
-    c.task.system_prompt = config_dict.placeholder(str)
-    # The instruction after the question; unset: the field's standard one (GSM8K: verl's
-    # 'output the final answer after "####"', MATH: Qwen2.5-Math's "\boxed{}").
-    instruction = math_task.GSM8K_INSTRUCTION if task == "gsm8k" else math_task.MATH_INSTRUCTION
-    if model.instruction_suffix:
-        c.task.instruction = instruction + model.instruction_suffix
-    else:
-        c.task.instruction = config_dict.placeholder(str)
-    # How answers are compared: 'builtin' (replax's normaliser) or 'math_verify' (the
-    # math-verify package: pip install 'replax[math_verify]').
-    c.task.grader = "builtin"
-    # Few-shot exemplars of the 'base' format (unused by 'instruct').
-    c.task.num_shots = 4
-    # Examples of each split written to the dataset; 0: all of the file's.
-    c.task.num_train = 0
-    c.task.num_test = 0
-    c.task.data_seed = 0
-    # Where the tokenized dataset is built; empty means WORKDIR/data.
-    c.task.data_dir = ""
+    c.task = _task_section(task, model)
 
     # Supervised warm start: unused (model.init='checkpoint'); kept for the config checks.
     c.warmstart = ml_collections.ConfigDict()
