@@ -21,9 +21,11 @@ from typing import Any, NamedTuple
 import ml_collections
 from ml_collections import config_dict
 
-from replax.config_utils import ConfigError
-from replax.sharding import DEFAULT_RULES
+from replax.config_utils import ConfigError, load_sibling
 from replax.tasks import math as math_task
+
+# The RL sections shared with configs/arith.py.
+common = load_sibling(__file__, "_common.py")
 
 
 class Model(NamedTuple):
@@ -149,6 +151,70 @@ def parse_variant(arg: str | None) -> dict[str, str]:
     return chosen
 
 
+def _model_section(model: Model, *, max_len: int) -> ml_collections.ConfigDict:
+    """The model section of a named model: its architecture, numerics and start."""
+    # The policy: model.architecture documents the named model; with model.checkpoint its
+    # config.json gives the architecture; max_len, the dtypes and the layer settings apply.
+    m = ml_collections.ConfigDict()
+    for key, value in model.architecture.items():
+        m[key] = value
+    # Longest prompt + completion: the KV cache and positions (not the model's 32k+).
+    m.max_len = max_len
+    # Master weights and Adam state in float32; matmuls and activations in bfloat16.
+    m.param_dtype = "float32"
+    m.dtype = "bfloat16"
+    # Layers under one nn.scan (compile time does not grow with depth), each recomputed in
+    # the backward pass ('full' keeps only its input; 'save_dots' also its matmul outputs,
+    # faster and larger; 'none').
+    m.scan_layers = True
+    m.remat_policy = "full"
+    # 'dot_product' (jax.nn.dot_product_attention), 'splash' (the Pallas TPU kernel: set it
+    # on TPU) or 'einsum' (the reference).
+    m.attention = "dot_product"
+    # Start from the weights of model.checkpoint, a local Hugging Face directory
+    # (config.json, *.safetensors, tokenizer files): a snapshot of the model's Hub
+    # repository (MODELS[name].repo), passed with --config.model.checkpoint=DIR.
+    m.init = "checkpoint"
+    m.checkpoint = ""
+    return m
+
+
+def _task_section(task: str, model: Model) -> ml_collections.ConfigDict:
+    """The task section: local GSM8K / MATH data, prompts through the chat template."""
+    # The task: local GSM8K / MATH data, prompts through the model's chat template.
+    t = ml_collections.ConfigDict()
+    t.name = task
+    # A JSONL or parquet file, a directory with train.jsonl / test.jsonl (or parquet),
+    # or a saved `datasets` DatasetDict (its train and test splits). Required.
+    t.data_path = config_dict.placeholder(str)
+    # Held-out file; unset: data_path's test split (or a hashed test_fraction of one file).
+    t.test_path = config_dict.placeholder(str)
+    t.test_fraction = 0.1
+    # 'instruct' (chat template; every model here is a chat model), 'base' or 'plain'.
+    t.prompt_format = "instruct"
+    # Unset: the chat template's default system turn (Qwen2.5: "You are Qwen, ...").
+    t.system_prompt = config_dict.placeholder(str)
+    # The instruction after the question; unset: the field's standard one (GSM8K: verl's
+    # 'output the final answer after "####"', MATH: Qwen2.5-Math's "\boxed{}").
+    instruction = math_task.GSM8K_INSTRUCTION if task == "gsm8k" else math_task.MATH_INSTRUCTION
+    if model.instruction_suffix:
+        t.instruction = instruction + model.instruction_suffix
+    else:
+        t.instruction = config_dict.placeholder(str)
+    # How answers are compared: 'builtin' (replax's normaliser) or 'math_verify' (the
+    # math-verify package: pip install 'replax[math_verify]').
+    t.grader = "builtin"
+    # Few-shot exemplars of the 'base' format (unused by 'instruct').
+    t.num_shots = 4
+    # Examples of each split written to the dataset; 0: all of the file's.
+    t.num_train = 0
+    t.num_test = 0
+    t.data_seed = 0
+    # Where the tokenized dataset is built; empty means WORKDIR/data.
+    t.data_dir = ""
+    return t
+
+
 def get_config(
     task: str,
     arg: str | None,
@@ -173,81 +239,19 @@ def get_config(
         eval_every, checkpoint_every = eval_every // 2, checkpoint_every // 2
 
     c = ml_collections.ConfigDict()
-    # Seed of everything random: the data order, sampling.
-    c.seed = 0
-    # RL steps (one optimizer step each).
-    c.total_steps = steps
-    # Generated-rollout budget; 0: the steps alone decide.
-    c.total_rollouts = 0
+    common.run_keys(c, total_steps=steps, checkpoint_every=checkpoint_every)
 
-    # The policy: model.architecture documents the named model; with model.checkpoint its
-    # config.json gives the architecture; max_len, the dtypes and the layer settings apply.
-    c.model = ml_collections.ConfigDict()
-    for key, value in model.architecture.items():
-        c.model[key] = value
-    # Longest prompt + completion: the KV cache and positions (not the model's 32k+).
-    c.model.max_len = max_prompt_len + max_new_tokens
-    # Master weights and Adam state in float32; matmuls and activations in bfloat16.
-    c.model.param_dtype = "float32"
-    c.model.dtype = "bfloat16"
-    # Layers under one nn.scan (compile time does not grow with depth), each recomputed in
-    # the backward pass ('full' keeps only its input; 'save_dots' also its matmul outputs,
-    # faster and larger; 'none').
-    c.model.scan_layers = True
-    c.model.remat_policy = "full"
-    # 'dot_product' (jax.nn.dot_product_attention), 'splash' (the Pallas TPU kernel: set it
-    # on TPU) or 'einsum' (the reference).
-    c.model.attention = "dot_product"
-    # Start from the weights of model.checkpoint, a local Hugging Face directory
-    # (config.json, *.safetensors, tokenizer files): a snapshot of the model's Hub
-    # repository (MODELS[name].repo), passed with --config.model.checkpoint=DIR.
-    c.model.init = "checkpoint"
-    c.model.checkpoint = ""
+    c.model = _model_section(model, max_len=max_prompt_len + max_new_tokens)
 
     # The checkpoint's tokenizer.json, chat template and stop ids (tokenizer.path: another
     # directory; empty means model.checkpoint).
-    c.tokenizer = ml_collections.ConfigDict()
-    c.tokenizer.name = "hf"
-    c.tokenizer.path = ""
+    c.tokenizer = common.tokenizer("hf")
 
     # Device mesh (data, fsdp, tensor). Host: params, Adam state, batch and buffer split
     # over every chip. Pod: fsdp chips hold one copy of the state, -1 copies take the rest.
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.shape = (-1, model.pod_fsdp, 1) if pod else (1, -1, 1)
-    # Logical axis -> mesh axes (batch and buffer over data x fsdp, embed over fsdp).
-    c.mesh.rules = DEFAULT_RULES
+    c.mesh = common.mesh((-1, model.pod_fsdp, 1) if pod else (1, -1, 1))
 
-    # The task: local GSM8K / MATH data, prompts through the model's chat template.
-    c.task = ml_collections.ConfigDict()
-    c.task.name = task
-    # A JSONL or parquet file, a directory with train.jsonl / test.jsonl (or parquet),
-    # or a saved `datasets` DatasetDict (its train and test splits). Required.
-    c.task.data_path = config_dict.placeholder(str)
-    # Held-out file; unset: data_path's test split (or a hashed test_fraction of one file).
-    c.task.test_path = config_dict.placeholder(str)
-    c.task.test_fraction = 0.1
-    # 'instruct' (chat template; every model here is a chat model), 'base' or 'plain'.
-    c.task.prompt_format = "instruct"
-    # Unset: the chat template's default system turn (Qwen2.5: "You are Qwen, ...").
-    c.task.system_prompt = config_dict.placeholder(str)
-    # The instruction after the question; unset: the field's standard one (GSM8K: verl's
-    # 'output the final answer after "####"', MATH: Qwen2.5-Math's "\boxed{}").
-    instruction = math_task.GSM8K_INSTRUCTION if task == "gsm8k" else math_task.MATH_INSTRUCTION
-    if model.instruction_suffix:
-        c.task.instruction = instruction + model.instruction_suffix
-    else:
-        c.task.instruction = config_dict.placeholder(str)
-    # How answers are compared: 'builtin' (replax's normaliser) or 'math_verify' (the
-    # math-verify package: pip install 'replax[math_verify]').
-    c.task.grader = "builtin"
-    # Few-shot exemplars of the 'base' format (unused by 'instruct').
-    c.task.num_shots = 4
-    # Examples of each split written to the dataset; 0: all of the file's.
-    c.task.num_train = 0
-    c.task.num_test = 0
-    c.task.data_seed = 0
-    # Where the tokenized dataset is built; empty means WORKDIR/data.
-    c.task.data_dir = ""
+    c.task = _task_section(task, model)
 
     # Supervised warm start: unused (model.init='checkpoint'); kept for the config checks.
     c.warmstart = ml_collections.ConfigDict()
@@ -259,93 +263,35 @@ def get_config(
     c.warmstart.eval_every = 1
     c.warmstart.cache_dir = ""
 
-    # Rollouts: R = prompts_per_step x group_size fresh completions per step.
-    c.rollout = ml_collections.ConfigDict()
-    c.rollout.group_size = model.group_size
-    c.rollout.prompts_per_step = r // model.group_size
-    # Prompts are never truncated: a longer one stops the run with its text.
-    c.rollout.max_prompt_len = max_prompt_len
-    c.rollout.max_new_tokens = max_new_tokens
-    c.rollout.temperature = 1.0
-    c.rollout.top_k = 0
-    c.rollout.top_p = 1.0
-    # top-p looks for its cut among this many most likely tokens first (exact either way).
-    c.rollout.top_p_candidates = 64
+    # R = 128 (host) or 512 (pod) fresh rollouts a step for replay, twice that on-policy;
+    # G completions of each prompt.
     # Decoding weights and KV cache in bfloat16, resharded from training's fp32 FSDP
-    # layout once per generation onto rollout.mesh_shape (empty: the training mesh; e.g.
-    # (-1, 1, 2) decodes tensor-parallel over pairs of chips).
-    c.rollout.dtype = "bfloat16"
-    c.rollout.cache_dtype = "bfloat16"
-    c.rollout.mesh_shape = ()
-
-    # The learner: B rollouts drawn from the buffer each step.
-    c.train = ml_collections.ConfigDict()
-    c.train.batch_size = r if onpolicy else REPLAY_Y * r
-    # Gradient accumulation inside the compiled step: B / M rows a pass, one update.
-    c.train.num_microbatches = 4 if pod else 8
-    # Log-probs and entropy this many positions at a time: never [B, T, vocab] logits.
-    c.train.logits_chunk_size = 256
-
-    # Adam at a constant rate, no weight decay (the paper's optimizer).
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.learning_rate = model.learning_rate
-    c.optimizer.schedule = "constant"
-    c.optimizer.warmup_steps = 0
-    c.optimizer.weight_decay = 0.0
-    c.optimizer.grad_clip = 1.0
-    c.optimizer.b1 = 0.9
-    c.optimizer.b2 = 0.999
-    # Adam's moments (float32: a bfloat16 first moment halves its memory).
-    c.optimizer.state_dtype = "float32"
-
-    # Replay store: FIFO ring buffer of capacity N, sharded like the batch.
-    c.replay = ml_collections.ConfigDict()
-    c.replay.mode = "fixed"
-    c.replay.capacity = r if onpolicy else REPLAY_X * r
-    # replay: the paper's positive-bias sampling; onpolicy: each rollout exactly once.
-    c.replay.strategy = "uniform_no_replacement" if onpolicy else "positive_bias"
-    c.replay.sample_mode = "local"
-    # positive_bias: the freshest (1 - delta) N rollouts and the freshest delta N correct.
-    c.replay.delta = 0.5
-    c.replay.recency_tau = 8.0
-    c.replay.priority_alpha = 0.6
-    c.replay.priority_beta = 0.4
-    # 0 disables the age / reuse limits.
-    c.replay.max_age = 0
-    c.replay.max_reuse = 0
-    # Groups whose rewards are all equal carry no signal: not stored (replay only).
-    c.replay.drop_zero_advantage = not onpolicy
-    # Auto mode's settings (replay.mode='auto' only).
-    c.replay.mu = 0.0
-    c.replay.auto_every = 10
-    c.replay.auto_max_y = 8.0
-    c.replay.auto_design = "long_run"
-
-    # PPO-clip 0.2 against the frozen behaviour log-probs, dual clip 3 (bounds the loss of
-    # stale rollouts with negative advantage), no KL, group-normalised advantages.
-    c.loss = ml_collections.ConfigDict()
-    c.loss.name = "ppo"
-    c.loss.epsilon_low = 0.2
-    c.loss.epsilon_high = 0.2
-    c.loss.dual_clip = 3.0
-    c.loss.rho_max = 2.0
-    c.loss.asymre_delta_v = -0.1
-    c.loss.m2po_tau = 0.04
-    c.loss.kl_coef = 0.0
-    c.loss.entropy_coef = 0.0
-    c.loss.aggregation = "token_mean"
-    c.loss.normalize_std = True
-
-    # Held-out evaluation: greedy pass@1 on the first num_prompts test problems, pass@k
-    # at temperature 1 on the first pass_k_prompts, token entropy.
-    c.eval = ml_collections.ConfigDict()
-    c.eval.every = eval_every
-    c.eval.num_prompts = 256
-    c.eval.pass_k = 8
-    c.eval.pass_k_prompts = 64
-
-    c.log_every = 1
-    c.checkpoint_every = checkpoint_every
-    # Checkpoints kept (the newest); an unreadable newest one falls back to the previous.
-    c.checkpoint_keep = 2
+    # layout once per generation onto rollout.mesh_shape.
+    c.rollout = common.rollout(
+        prompts_per_step=r // model.group_size,
+        group_size=model.group_size,
+        max_prompt_len=max_prompt_len,
+        max_new_tokens=max_new_tokens,
+        dtype="bfloat16",
+        cache_dtype="bfloat16",
+    )
+    # B = 2R (replay) or R (on-policy); gradient accumulation over 8 (host) or 4 (pod)
+    # microbatches inside the compiled step, and log-probs and entropy 256 positions at a
+    # time: never [B, T, vocab] logits.
+    c.train = common.train(
+        batch_size=r if onpolicy else REPLAY_Y * r,
+        num_microbatches=4 if pod else 8,
+        logits_chunk_size=256,
+    )
+    c.optimizer = common.optimizer(learning_rate=model.learning_rate)
+    # replay: N = 8R, the paper's positive-bias sampling, groups with equal rewards not
+    # stored; onpolicy: N = R, each rollout exactly once, every group stored.
+    c.replay = common.replay(
+        capacity=r if onpolicy else REPLAY_X * r,
+        strategy="uniform_no_replacement" if onpolicy else "positive_bias",
+        drop_zero_advantage=not onpolicy,
+    )
+    c.loss = common.loss()
+    # Greedy pass@1 on the first 256 test problems, pass@8 on 64, ten times a run.
+    c.eval = common.evaluation(every=eval_every, num_prompts=256)
     return c

@@ -28,8 +28,9 @@ Variants:
 
 import ml_collections
 
-from replax.config_utils import parse_variant
-from replax.sharding import DEFAULT_RULES
+from replax.config_utils import load_sibling, parse_variant
+
+common = load_sibling(__file__, "_common.py")
 
 VARIANTS = ("replay", "onpolicy")
 
@@ -37,13 +38,7 @@ VARIANTS = ("replay", "onpolicy")
 def get_config(arg=None):
     variant = parse_variant(arg, VARIANTS, default="replay")
     c = ml_collections.ConfigDict()
-    # Seed of everything random: init, data order, sampling.
-    c.seed = 0
-    # RL steps (one optimizer step each).
-    c.total_steps = 1600
-    # Generated-rollout budget: when > 0 the run also stops once it has generated this
-    # many rollouts (auto mode generates on some steps only). 0: steps alone decide.
-    c.total_rollouts = 0
+    common.run_keys(c, total_steps=1600, checkpoint_every=100)
 
     # The policy: a small Llama-style decoder over bytes.
     c.model = ml_collections.ConfigDict()
@@ -71,18 +66,10 @@ def get_config(arg=None):
     c.model.init = "warmstart"
     c.model.checkpoint = ""
 
-    # Text <-> token ids: 'byte' (one token per UTF-8 byte, plus BOS / EOS / pad) or 'hf'
-    # (tokenizer.json and chat template of tokenizer.path, default model.checkpoint).
-    c.tokenizer = ml_collections.ConfigDict()
-    c.tokenizer.name = "byte"
-    c.tokenizer.path = ""
-
-    # Device mesh (data, fsdp, tensor); -1 takes the remaining devices.
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.shape = (-1, 1, 1)
-    # Logical axis -> mesh axes (replax.sharding.DEFAULT_RULES: batch and buffer over
-    # data x fsdp, embed over fsdp, heads / mlp / vocab over tensor).
-    c.mesh.rules = DEFAULT_RULES
+    # One token per UTF-8 byte, plus BOS / EOS / pad.
+    c.tokenizer = common.tokenizer("byte")
+    # Every device in the data axis.
+    c.mesh = common.mesh((-1, 1, 1))
 
     # The verifiable-reward task and where its ArrayRecord data is built.
     c.task = ml_collections.ConfigDict()
@@ -116,97 +103,18 @@ def get_config(arg=None):
     # seed and model can share one (scripts/compare.py does).
     c.warmstart.cache_dir = ""
 
-    # Rollouts: R = prompts_per_step x group_size fresh completions per step.
-    c.rollout = ml_collections.ConfigDict()
-    c.rollout.prompts_per_step = 2
-    c.rollout.group_size = 8
-    c.rollout.max_prompt_len = 10
-    c.rollout.max_new_tokens = 6
-    c.rollout.temperature = 1.0
-    c.rollout.top_k = 0
-    c.rollout.top_p = 1.0
-    # top-p looks for its cut among this many most likely tokens first (exact either way).
-    c.rollout.top_p_candidates = 64
-    # Decoding dtype of the weights and the KV cache ('': the model's compute dtype) and
-    # the sampler's mesh (empty: the training mesh).
-    c.rollout.dtype = ""
-    c.rollout.cache_dtype = ""
-    c.rollout.mesh_shape = ()
-
-    # The learner: batch B of rollouts sampled from the buffer each step.
-    c.train = ml_collections.ConfigDict()
-    c.train.batch_size = 64
-    # Gradient accumulation over this many slices of the batch inside the compiled step.
-    c.train.num_microbatches = 1
-    # Log-probs this many positions at a time (0: all at once).
-    c.train.logits_chunk_size = 0
-
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.learning_rate = 1e-4
-    c.optimizer.schedule = "constant"
-    c.optimizer.warmup_steps = 0
-    c.optimizer.weight_decay = 0.0
-    c.optimizer.grad_clip = 1.0
-    c.optimizer.b1 = 0.9
-    c.optimizer.b2 = 0.999
-    # Adam's moments' dtype.
-    c.optimizer.state_dtype = "float32"
-
-    # Replay store: FIFO ring buffer of capacity N.
-    c.replay = ml_collections.ConfigDict()
-    c.replay.mode = "fixed"  # 'fixed' or 'auto' (choose x = N/R and y = B/R online)
-    c.replay.capacity = 4096
-    c.replay.strategy = "positive_bias"
-    c.replay.sample_mode = "local"
-    # positive_bias: the freshest (1 - delta) N items and the freshest delta N correct ones.
-    c.replay.delta = 0.5
-    c.replay.recency_tau = 8.0
-    c.replay.priority_alpha = 0.6
-    c.replay.priority_beta = 0.4
-    # 0 disables the age / reuse limits.
-    c.replay.max_age = 0
-    c.replay.max_reuse = 0
-    # Groups whose rewards are all equal have zero advantage: do not store them.
-    c.replay.drop_zero_advantage = True
-    # mu for planning in auto mode; 0 means measure it on this machine.
-    c.replay.mu = 0.0
-    # Auto mode re-plans the generation period and the max age every this many steps.
-    c.replay.auto_every = 10
-    # Auto mode never plans a replay ratio y = B / R above this (it generates at least
-    # every floor(auto_max_y R / B) steps).
-    c.replay.auto_max_y = 8.0
-    # How auto mode turns its estimates into (x, y): 'long_run' (J with the buffer noise
-    # summed over the steps a rollout lives in: y* = sqrt(mu / (1/f + rho)), f the kept
-    # fraction; replax/auto_replay.py derives it) or 'paper' (the paper's J as written,
-    # which over-reuses on the embedded task: docs/auto_replay.md).
-    c.replay.auto_design = "long_run"
-
-    # The objective on (possibly stale) rollouts.
-    c.loss = ml_collections.ConfigDict()
-    c.loss.name = "ppo"
-    c.loss.epsilon_low = 0.2
-    c.loss.epsilon_high = 0.2
-    c.loss.dual_clip = 3.0
-    c.loss.rho_max = 2.0
-    c.loss.asymre_delta_v = -0.1
-    c.loss.m2po_tau = 0.04
-    c.loss.kl_coef = 0.0
-    c.loss.entropy_coef = 0.0
-    c.loss.aggregation = "token_mean"
-    # Group-normalised advantages: divide by the group's std (GRPO) or not (Dr.GRPO).
-    c.loss.normalize_std = True
-
-    # Held-out evaluation: greedy pass@1, pass@k at temperature 1, token entropy.
-    c.eval = ml_collections.ConfigDict()
-    c.eval.every = 50
-    c.eval.num_prompts = 1024
-    c.eval.pass_k = 8
-    c.eval.pass_k_prompts = 64
-
-    c.log_every = 1
-    c.checkpoint_every = 100
-    # Checkpoints kept (the newest); an unreadable newest one falls back to the previous.
-    c.checkpoint_keep = 2
+    # R = 2 x 8 fresh rollouts a step; prompts ("764+996=") fit in 10 bytes with BOS,
+    # answers in 6 with EOS.
+    c.rollout = common.rollout(
+        prompts_per_step=2, group_size=8, max_prompt_len=10, max_new_tokens=6
+    )
+    # B = 64 (y = B/R = 4), in one pass.
+    c.train = common.train(batch_size=64)
+    c.optimizer = common.optimizer(learning_rate=1e-4)
+    # N = 4096 (x = N/R = 256), the paper's positive-bias sampling.
+    c.replay = common.replay(capacity=4096, strategy="positive_bias", drop_zero_advantage=True)
+    c.loss = common.loss()
+    c.eval = common.evaluation(every=50, num_prompts=1024)
 
     if variant == "onpolicy":
         # Each fresh rollout is trained on exactly once: N = B = R, drawn as a permutation.

@@ -31,10 +31,12 @@ Variants (comma-separated parts, any order; defaults qwen2.5-1.5b-instruct, repl
 Evaluation: greedy pass@1 on the first 256 test problems and pass@8 on 64, every tenth
 of the run.
 
-Memory: the train step holds a whole batch's activations and [B, T, vocab] logits (replax
-has no gradient accumulation or rematerialisation yet); an ahead-of-time estimate on the
-CPU gives about 3 GB per 512-token sequence for the 0.5B model, so these batches need
-that in the trainer before they fit on a TPU.
+Memory: the train step accumulates gradients over train.num_microbatches slices of the
+batch (8 on a host, 4 on a pod), keeps the layers under one nn.scan and recomputes each in
+the backward pass (model.remat_policy 'full'), and takes log-probs and entropy 256
+positions at a time (train.logits_chunk_size), so it never holds [B, T, vocab] logits;
+docs/performance.md has ahead-of-time estimates (Qwen2.5-7B, 256 sequences of 2048 tokens a
+step on a v5p-128, 128-position chunks: about 14 GiB a chip).
 Expected (estimates, not measured: replax has not yet been run on these models): for
 the default on a v5e-8, about 10-15 s a step (generation bandwidth-bound, training about
 2.4 PFLOP a step), so roughly 2 hours for 500 steps. The starting models' GSM8K accuracy
@@ -53,20 +55,11 @@ plus --config.task.test_path. The model: a snapshot of the Hub repository, e.g.
       --config.task.data_path=/path/gsm8k
 """
 
-import importlib.util
-import os
-
-
-def _real_models():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_real_models.py")
-    spec = importlib.util.spec_from_file_location("replax_configs_real_models", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from replax.config_utils import load_sibling
 
 
 def get_config(arg=None):
-    return _real_models().get_config(
+    return load_sibling(__file__, "_real_models.py").get_config(
         "gsm8k",
         arg,
         # GSM8K questions with the chat template fit in about 300 tokens; worked answers

@@ -35,10 +35,12 @@ Variants (comma-separated parts, any order; defaults qwen2.5-1.5b-instruct, repl
 Evaluation: greedy pass@1 on the first 256 test problems and pass@8 on 64, every tenth
 of the run (MATH-500 as the test split works: 256 <= 500).
 
-Memory: the train step holds a whole batch's activations and [B, T, vocab] logits (replax
-has no gradient accumulation or rematerialisation yet); an ahead-of-time estimate on the
-CPU gives about 3 GB per 512-token sequence for the 0.5B model, so these batches need
-that in the trainer before they fit on a TPU.
+Memory: the train step accumulates gradients over train.num_microbatches slices of the
+batch (8 on a host, 4 on a pod), keeps the layers under one nn.scan and recomputes each in
+the backward pass (model.remat_policy 'full'), and takes log-probs and entropy 256
+positions at a time (train.logits_chunk_size), so it never holds [B, T, vocab] logits;
+docs/performance.md has ahead-of-time estimates (Qwen2.5-7B, 256 sequences of 2048 tokens a
+step on a v5p-128, 128-position chunks: about 14 GiB a chip).
 Expected (estimates, not measured: replax has not yet been run on these models): for
 the default on a v5e-8, about twice a GSM8K step (sequences twice as long), roughly 4
 hours for 500 steps. The starting models' MATH accuracy as their authors report it (own
@@ -60,20 +62,11 @@ e.g. `hf download Qwen/Qwen2.5-7B-Instruct --local-dir /path/Qwen2.5-7B`.
       --config.task.test_path=/path/math/test.jsonl
 """
 
-import importlib.util
-import os
-
-
-def _real_models():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_real_models.py")
-    spec = importlib.util.spec_from_file_location("replax_configs_real_models", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from replax.config_utils import load_sibling
 
 
 def get_config(arg=None):
-    return _real_models().get_config(
+    return load_sibling(__file__, "_real_models.py").get_config(
         "math",
         arg,
         # MATH problems with the chat template mostly fit in 400 tokens, a few (Asymptote

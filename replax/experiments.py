@@ -1,16 +1,20 @@
-"""Helpers for the experiment scripts (compare.py, sweep.py, evaluate.py): config files
-and `KEY=VALUE` overrides, the settings every comparison run fixes, and running or
-evaluating one resumable run in process. Analysis of finished runs lives in
-`replax.analysis`, which reads metrics.jsonl alone.
+"""Helpers for the experiment scripts (compare.py, sweep.py, evaluate.py): their shared
+command line (absl flags with `--config=FILE[:ARG]` and `--config.KEY=VALUE`, as
+scripts/train.py takes them), config files and `KEY=VALUE` overrides, the settings every
+comparison run fixes, running or evaluating one resumable run in process, and writing a
+study's report. Analysis of finished runs lives in `replax.analysis`, which reads
+metrics.jsonl alone.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
+import dataclasses
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,17 +22,94 @@ from typing import Any
 import ml_collections
 
 from replax import analysis, config_utils
-from replax import configuration as cfg
+from replax import spec as spec_lib
+
+# ------------------------------------------------------------- command line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "arith.py")
+
+
+def parse_command_line(prog: str, argv: list[str], define: Callable[[Any], None]):
+    """The absl FlagValues of a study script's command line: `--config=FILE[:ARG]` and
+    `--config.KEY=VALUE` (ml_collections config_flags, as scripts/train.py reads them;
+    each KEY must be a key of the file's config), `--workdir` (required), `--override`
+    (repeatable `[SCOPE:]KEY=VALUE`, the older spelling of --config.KEY=VALUE; a SCOPE
+    is what the script says) and `--compilation_cache`, plus the flags `define(flag_values)`
+    defines. Raises ConfigError with one line for any bad flag."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = [prog, *argv]
+    values = flags.FlagValues()
+    flags.DEFINE_string("workdir", None, "The study's directory.", flag_values=values)
+    flags.DEFINE_multi_string(
+        "override",
+        [],
+        "[SCOPE:]KEY=VALUE (repeatable): as --config.KEY=VALUE",
+        flag_values=values,
+    )
+    flags.DEFINE_string(
+        "compilation_cache",
+        None,
+        "JAX persistent compilation cache dir (default WORKDIR/jax_cache; 'none': off)",
+        flag_values=values,
+    )
+    define(values)
+    try:  # the config file loads here, and each --config.KEY=VALUE applies to it
+        config_flags.DEFINE_config_file(
+            "config",
+            DEFAULT_CONFIG,
+            "Config file: configs/NAME.py[:ARG].",
+            flag_values=values,
+            sys_argv=argv,
+        )
+        rest = values(argv)
+    except Exception as e:  # noqa: BLE001 - unknown flag or --config.KEY, bad value
+        raise config_utils.ConfigError(config_utils.flag_error_line(e)) from None
+    if rest[1:]:
+        raise config_utils.ConfigError(f"unexpected arguments {rest[1:]}: flags are --NAME=VALUE")
+    path, _ = config_file(values)
+    if not os.path.isfile(path):
+        raise config_utils.ConfigError(
+            f"--config={path}: no such file (e.g. --config=configs/arith.py)"
+        )
+    if not values.workdir:
+        raise config_utils.ConfigError("--workdir is required")
+    return values
+
+
+def config_file(values) -> tuple[str, str | None]:
+    """(FILE, ARG or None) of --config=FILE[:ARG]."""
+    path, _, arg = values["config"].config_filename.partition(":")
+    return path, arg or None
+
+
+def command_line_overrides(values) -> list[tuple[str | None, str, Any]]:
+    """The overrides of a command line as (scope or None, key, value): each
+    --config.KEY=VALUE (every run; typed as config_flags parsed it), then each
+    --override=[SCOPE:]KEY=VALUE (a string, typed like the field when applied)."""
+    given = [
+        (None, name[len("config.") :], values[name].value)
+        for name in values
+        if name.startswith("config.") and values[name].present
+    ]
+    return given + [split_override(o) for o in values.override]
+
+
+def variant_arg(arg: str | None, variant: str | None) -> str | None:
+    """The get_config argument of `variant` under --config=FILE:ARG: ARG's parts, then the
+    variant's (configs/gsm8k.py:qwen3-0.6b,pod with variant onpolicy ->
+    'qwen3-0.6b,pod,onpolicy')."""
+    return ",".join(p for p in (arg, variant) if p) or None
+
 
 # ------------------------------------------------------------------- configs
 
 
 def load_config(path: str, variant: str | None = None) -> ml_collections.ConfigDict:
     """get_config(variant) of a config file (configs/NAME.py)."""
-    spec = importlib.util.spec_from_file_location(f"_replax_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant)
+    return config_utils.load_module(path).get_config(variant)
 
 
 def file_config(config_flag: str) -> ml_collections.ConfigDict:
@@ -40,10 +121,7 @@ def file_config(config_flag: str) -> ml_collections.ConfigDict:
 
 def config_variants(path: str) -> tuple[str, ...]:
     """The VARIANTS a config file declares (empty if it declares none)."""
-    spec = importlib.util.spec_from_file_location(f"_replax_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return tuple(getattr(module, "VARIANTS", ()))
+    return tuple(getattr(config_utils.load_module(path), "VARIANTS", ()))
 
 
 def parse_value(text: str, current: Any) -> Any:
@@ -96,6 +174,11 @@ def split_override(text: str) -> tuple[str | None, str, str]:
     return (scope if colon else None), key.strip(), value
 
 
+def rollouts_per_step(config: ml_collections.ConfigDict) -> int:
+    """R = prompts_per_step x group_size of a config not yet parsed (it may be changed)."""
+    return config.rollout.prompts_per_step * config.rollout.group_size
+
+
 def finalize_config(
     config,
     *,
@@ -113,13 +196,14 @@ def finalize_config(
     with room for the most steps its largest replay ratio (replay.auto_max_y) can take.
     Keys in `explicit` (set by the user's overrides) are left alone."""
     explicit = set(explicit)
-    r = cfg.rollouts_per_step(config)
+    r = rollouts_per_step(config)
     config.total_steps = max(budget_rollouts // r, 1)
     if "eval.every" not in explicit:  # spaced for a run that generates every step
         config.eval.every = max(1, round(config.total_steps / num_evals))
     if config.replay.mode == "auto":
         config.total_rollouts = budget_rollouts
-        config.total_steps *= cfg.auto_max_period(config)
+        b = config.train.batch_size
+        config.total_steps *= spec_lib.auto_max_period(config.replay.auto_max_y, r, b)
     if "checkpoint_every" not in explicit:
         config.checkpoint_every = min(config.checkpoint_every, config.total_steps)
     config.seed = seed
@@ -134,11 +218,13 @@ def finalize_config(
 # ---------------------------------------------------------------------- runs
 
 
-def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+def ensure_run(
+    spec: spec_lib.RunSpec, workdir: str, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Runs (or resumes) the run in workdir unless its last record is at total_steps.
     Returns the trainer's summary (saved in workdir/summary.json), or what is known."""
     summary_path = os.path.join(workdir, analysis.SUMMARY_FILE)
-    if analysis.is_finished(workdir, config.total_steps, config.total_rollouts):
+    if analysis.is_finished(workdir, spec.total_steps, spec.total_rollouts):
         log(f"done already: {workdir}")
         if os.path.exists(summary_path):
             with open(summary_path) as f:
@@ -146,9 +232,9 @@ def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict
         return {}
     from replax import trainer  # imported late: scripts parse flags before JAX starts
 
-    log(f"running {workdir} ({config.total_steps} steps)")
+    log(f"running {workdir} ({spec.total_steps} steps)")
     t0 = time.time()
-    summary = trainer.train(config, workdir, log=lambda m: log(f"  {m}"))
+    summary = trainer.train(spec, workdir, log=lambda m: log(f"  {m}"))
     log(
         f"  final accuracy {summary['final_accuracy']:.3f} (base "
         f"{summary['base_accuracy']:.3f}) in {time.time() - t0:.0f} s"
@@ -158,9 +244,9 @@ def ensure_run(config, workdir: str, log: Callable[[str], None] = print) -> dict
         return json.load(f)
 
 
-def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
+def evaluate_checkpoint(spec: spec_lib.RunSpec, workdir: str) -> dict[str, Any]:
     """The run's held-out evaluation (greedy accuracy, pass@k at temperature 1, entropy;
-    the sizes in config.eval) of its latest checkpoint, with the evaluation key 0. Builds
+    the sizes in spec.eval) of its latest checkpoint, with the evaluation key 0. Builds
     the run and reads its data; never reruns a warm start."""
     import jax
 
@@ -170,7 +256,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise config_utils.ConfigError(f"--workdir={workdir} has no checkpoints/")
-    run = run_lib.build(config, workdir)
+    run = run_lib.build(spec, workdir)
     data = run_lib.prepare_data(run)
     train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
     checkpointer = checkpoint.Checkpointer(ckpt_dir)
@@ -183,21 +269,47 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, Any]:
     return {"step": step, **{k: float(v) for k, v in metrics.items()}}
 
 
-def final_evaluation(config, workdir: str, pass_k_prompts: int, log=print) -> dict[str, Any]:
+def final_evaluation(
+    spec: spec_lib.RunSpec, workdir: str, pass_k_prompts: int, log=print
+) -> dict[str, Any]:
     """evaluate_checkpoint of a finished run with pass@k over `pass_k_prompts` held-out
-    prompts (the runs' own evaluations use config.eval.pass_k_prompts, 64 by default: one
+    prompts (the runs' own evaluations use eval.pass_k_prompts, 64 by default: one
     prompt moves pass@k by 1.6 points). Cached in workdir/final_eval_pass{n}.json."""
     path = os.path.join(workdir, f"final_eval_pass{pass_k_prompts}.json")
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.eval.pass_k_prompts = pass_k_prompts
-    result = evaluate_checkpoint(config, workdir)
+    spec = dataclasses.replace(
+        spec, eval=dataclasses.replace(spec.eval, pass_k_prompts=pass_k_prompts)
+    )
+    result = evaluate_checkpoint(spec, workdir)
     log(f"final evaluation of {workdir}: pass@k {result.get('eval_pass_at_k')}")
     with open(path, "w") as f:
         json.dump(result, f)
     return result
+
+
+def write_report(workdir: str, name: str, payload: dict, text: str, plot, argv, t0, load_start):
+    """A study's outputs: NAME.json (the payload with the command, the machine and the
+    wall-clock), NAME.png (`plot(path)`), NAME.md (`text`, also printed)."""
+    payload["command"] = shlex.join([os.path.basename(sys.executable), f"scripts/{name}.py", *argv])
+    payload["machine"] = {
+        **analysis.machine_info(),
+        "load_average_start": load_start,
+        "load_average_end": analysis.load_average(),
+    }
+    payload["wall_s"] = time.time() - t0
+    analysis.write_json(os.path.join(workdir, f"{name}.json"), payload)
+    plot(os.path.join(workdir, f"{name}.png"))
+    with open(os.path.join(workdir, f"{name}.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def cache_dir(flag: str | None, workdir: str) -> str | None:
+    """--compilation_cache: a directory, 'none' (off), or unset (WORKDIR/jax_cache)."""
+    path = flag or os.path.join(workdir, "jax_cache")
+    return None if path == "none" else path
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """A run's parts, built in explicit stages that each do one thing.
 
 `build` constructs the mesh, model, tokenizer, task, sampler, replay store and compiled
-steps from a validated config (nothing trains, nothing is read or written);
+steps from a run spec (`replax.spec.RunSpec`), after the checks of
+`replax.configuration.build` (nothing trains, nothing is written);
 `prepare_data` builds or reads the task's dataset and the held-out evaluator;
 `initial_params` picks the starting policy (`model.init`: random, a supervised warm start
 that is cached, or a Hugging Face checkpoint); `init_states` places the train and replay
@@ -20,10 +21,11 @@ import tensorflow_datasets as tfds
 
 from replax import configuration as cfg
 from replax import data as data_lib
-from replax import evaluation, rollouts, schedules, sharding
+from replax import evaluation, rollouts, schedules, sections, sharding
 from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import sampler as sampler_lib
+from replax import spec as spec_lib
 from replax import train_step as train_step_lib
 from replax import warmstart as warmstart_lib
 from replax.config_utils import ConfigError
@@ -34,7 +36,7 @@ from replax.tasks import Example
 class Run:
     """What a run is built from: constructed by `build`, before any data or params."""
 
-    config: Any
+    spec: spec_lib.RunSpec
     workdir: str
     mesh: Any
     rules: Any
@@ -52,11 +54,11 @@ class Run:
 
     @property
     def rollouts_per_step(self) -> int:
-        return cfg.rollouts_per_step(self.config)
+        return self.spec.rollouts_per_step
 
     @property
     def seq_len(self) -> int:
-        return cfg.seq_len(self.config)
+        return self.spec.seq_len
 
 
 @dataclasses.dataclass
@@ -67,21 +69,22 @@ class Data:
     evaluator: evaluation.Evaluator
 
 
-def build(config, workdir: str) -> Run:
-    """Constructs a run's parts from a validated config; reads and writes nothing.
-    On a multi-process launch it first joins the other processes (jax.distributed)."""
+def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
+    """Constructs a run's parts from a run spec; writes nothing (a file-backed task reads
+    its data file, once, in the checks). On a multi-process launch it first joins the
+    other processes (jax.distributed)."""
     sharding.maybe_initialize_distributed()
-    validated = cfg.validate(config)
-    rules = sharding.validate_rules(config.mesh.rules)
-    mesh = sharding.make_mesh(config.mesh.shape)
-    mcfg, tokenizer = validated.model_config, validated.tokenizer
+    built = cfg.build(spec)
+    rules = sharding.validate_rules(spec.mesh.rules)
+    mesh = sharding.make_mesh(spec.mesh.shape)
+    mcfg, tokenizer = built.model_config, built.tokenizer
     model = model_lib.Transformer(mcfg)
-    schedule = cfg.make_schedule(config)
+    schedule = cfg.make_schedule(spec)
     buffer = replay_lib.make_replay_buffer(
-        num_shards=sharding.data_parallel_size(mesh, rules), **cfg.replay_buffer_kwargs(config)
+        num_shards=sharding.data_parallel_size(mesh, rules), **spec.replay.buffer_kwargs()
     )
-    optimizer = train_step_lib.make_optimizer(cfg.optimizer_config(config))
-    seq_len = cfg.seq_len(config)
+    optimizer = train_step_lib.make_optimizer(spec.optimizer_config())
+    seq_len = spec.seq_len
 
     # The replay store, sharded over the data axes like the batch.
     item = rollouts.rollout_spec(seq_len)
@@ -90,37 +93,37 @@ def build(config, workdir: str) -> Run:
         jax.eval_shape(buffer.init, item), mesh, data_axes=data_axes or ()
     )
     batch_sharding = train_step_lib.batch_shardings(
-        mesh, rules, rollouts.batch_spec(config.train.batch_size, seq_len)
+        mesh, rules, rollouts.batch_spec(spec.train.batch_size, seq_len)
     )
     state_shardings = train_step_lib.train_state_shardings(
-        model, optimizer, mesh, rules, with_reference=config.loss.kl_coef > 0
+        model, optimizer, mesh, rules, with_reference=spec.loss.kl_coef > 0
     )
     train_step = train_step_lib.make_train_step(
         model,
         optimizer,
-        cfg.loss_config(config),
+        spec.loss.config(),
         mesh,
         rules,
         state_shardings,
         batch_sharding,
-        temperature=config.rollout.temperature,
+        temperature=spec.rollout.temperature,
         half_batch_stats=schedule.half_batch_stats,
         vocab_size=tokenizer.sample_limit,
-        **cfg.train_step_kwargs(config),
+        **spec.train_step_kwargs(),
     )
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
             buffer,
-            group_size=config.rollout.group_size,
-            batch_size=config.train.batch_size,
-            normalize_std=config.loss.normalize_std,
-            drop_zero_advantage=config.replay.drop_zero_advantage,
+            group_size=spec.rollout.group_size,
+            batch_size=spec.train.batch_size,
+            normalize_std=spec.loss.normalize_std,
+            drop_zero_advantage=spec.replay.drop_zero_advantage,
         ),
         out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
         donate_argnums=(0,),
     )
     # Decoding may use a mesh of its own (e.g. tensor-parallel) over the same devices.
-    sampler_mesh = sharding.make_mesh(cfg.sampler_mesh_shape(config))
+    sampler_mesh = sharding.make_mesh(spec.sampler_mesh_shape)
     sampler = sampler_lib.make_sampler(
         mcfg,
         stop_ids=tokenizer.stop_ids,
@@ -128,17 +131,17 @@ def build(config, workdir: str) -> Run:
         pad_id=tokenizer.pad_id,
         mesh=sampler_mesh,
         rules=rules,
-        **cfg.sampler_kwargs(config),
+        **spec.rollout.sampler_kwargs(),
     )
     return Run(
-        config=config,
+        spec=spec,
         workdir=workdir,
         mesh=mesh,
         rules=rules,
         model_config=mcfg,
         model=model,
         tokenizer=tokenizer,
-        task=validated.task,
+        task=built.task,
         sampler=sampler,
         buffer=buffer,
         optimizer=optimizer,
@@ -154,7 +157,7 @@ def prepare_data(run: Run) -> Data:
     returns the prompt stream and the held-out evaluator on its first test prompts.
     With several processes, each one's stream holds its own block of every global batch
     of prompts: the prompts of the rollouts its devices hold."""
-    c = run.config
+    c = run.spec
     tfds.disable_progress_bar()
     builder = data_lib.prepare_task_data(
         c.task.data_dir or os.path.join(run.workdir, "data"),
@@ -191,24 +194,24 @@ def prepare_data(run: Run) -> Data:
         pass_k_prompts=c.eval.pass_k_prompts,
         mesh=run.sampler.mesh,
         rules=run.rules,
-        **cfg.sampler_numerics(c),
+        **c.rollout.numerics(),
     )
     return Data(prompts=prompts, evaluator=evaluator)
 
 
 def _warm_start(run: Run, data: Data, log):
-    c = run.config
+    c = run.spec
     # What the base depends on (not where it or the data are stored).
     key = warmstart_lib.cache_key(
         model=dataclasses.asdict(run.model_config),
         task={k: v for k, v in c.task.to_dict().items() if k != "data_dir"},
-        warmstart={k: v for k, v in c.warmstart.to_dict().items() if k != "cache_dir"},
+        warmstart={k: v for k, v in dataclasses.asdict(c.warmstart).items() if k != "cache_dir"},
         seed=c.seed,
         rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
     )
     params, info = warmstart_lib.warm_start(
         model=run.model,
-        config=cfg.warmstart_config(c),
+        config=c.warmstart.config(),
         tokenizer=run.tokenizer,
         task=run.task,
         evaluator=data.evaluator,
@@ -232,10 +235,11 @@ def _from_checkpoint(run: Run, data: Data, log):
     from replax import hf
 
     del data
-    c = run.config
-    overrides = {k: c.model[k] for k in cfg.CHECKPOINT_OVERRIDES}
-    _, params = hf.load_pretrained_sharded(c.model.checkpoint, run.mesh, run.rules, **overrides)
-    log(f"loaded {c.model.checkpoint}")
+    model = run.spec.model
+    _, params = hf.load_pretrained_sharded(
+        model.checkpoint, run.mesh, run.rules, **model.checkpoint_overrides()
+    )
+    log(f"loaded {model.checkpoint}")
     return params
 
 
@@ -245,12 +249,12 @@ INITIAL_PARAMS = {
     "warmstart": _warm_start,
     "checkpoint": _from_checkpoint,
 }
-assert set(INITIAL_PARAMS) == set(cfg.INITS)
+assert set(INITIAL_PARAMS) == set(sections.INITS)
 
 
 def initial_params(run: Run, data: Data, log=print):
     """The policy RL starts from, as `model.init` says."""
-    return INITIAL_PARAMS[run.config.model.init](run, data, log)
+    return INITIAL_PARAMS[run.spec.model.init](run, data, log)
 
 
 def abstract_states(run: Run):
@@ -262,7 +266,7 @@ def abstract_states(run: Run):
         run.optimizer,
         run.mesh,
         run.rules,
-        with_reference=run.config.loss.kl_coef > 0,
+        with_reference=run.spec.loss.kl_coef > 0,
     )
     item = rollouts.rollout_spec(run.seq_len)
     replay_state = jax.tree.map(
@@ -279,10 +283,10 @@ def init_states(run: Run, params=None):
     train_state = train_step_lib.init_train_state(
         run.model,
         run.optimizer,
-        jax.random.key(run.config.seed),
+        jax.random.key(run.spec.seed),
         run.mesh,
         run.rules,
-        with_reference=run.config.loss.kl_coef > 0,
+        with_reference=run.spec.loss.kl_coef > 0,
         params=params,
     )[0]
     item = rollouts.rollout_spec(run.seq_len)

@@ -28,6 +28,7 @@ import numpy as np
 
 from replax import sharding
 from replax.config_utils import ConfigError
+from replax.migration import migrate
 
 # Exit status of a run stopped by SIGTERM / SIGINT after it checkpointed: run the same
 # command again to continue.
@@ -45,20 +46,6 @@ RESUMABLE_KEYS = (
     "task.data_dir",
     "warmstart.cache_dir",
 )
-# Settings added after runs were made, with the value that reproduces what those runs did:
-# a config.json without the key resumes under that value.
-ADDED_KEYS = {
-    "model.scan_layers": False,
-    "model.remat_policy": "none",
-    "model.attention": "einsum",
-    "train.num_microbatches": 1,
-    "train.logits_chunk_size": 0,
-    "optimizer.state_dtype": "float32",
-    "rollout.top_p_candidates": 64,
-    "rollout.dtype": "",
-    "rollout.cache_dtype": "",
-    "rollout.mesh_shape": [],
-}
 
 
 def check_workdir(workdir: str) -> None:
@@ -156,11 +143,14 @@ def check_resume_config(workdir: str, config: dict[str, Any], has_checkpoint: bo
         return
     try:
         with open(path) as f:
-            saved = _flatten(json.load(f))
+            stored = json.load(f)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is unreadable ({e}): move it away to resume") from None
     current = _flatten(json.loads(json.dumps(config, default=list)))
-    saved = {**{k: v for k, v in ADDED_KEYS.items() if k in current}, **saved}
+    # A config.json from before a setting existed resumes under the setting's old value
+    # (replax.migration); a setting the current config does not have either is no change.
+    written = _flatten(stored)
+    saved = {k: v for k, v in _flatten(migrate(stored)).items() if k in written or k in current}
     changed = sorted(
         key
         for key in set(saved) | set(current)

@@ -6,7 +6,8 @@ rewards in), freezes their group advantages and behaviour log-probs, adds them t
 replay store, samples a batch of B, and takes one optimizer step. On-policy training is
 the special case N = B = R.
 
-`train` makes the run in the stages of `replax.run` (build, prepare_data,
+`train` takes the run spec (`replax.spec.RunSpec`; a ConfigDict is parsed into one, once,
+on the way in), makes the run in the stages of `replax.run` (build, prepare_data,
 initial_params, init_states), resumes from its newest readable checkpoint, and runs the
 loop; `run_loop` reads top to bottom, one phase of a step under each capitalised comment.
 """
@@ -22,12 +23,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from replax import auto_replay, rollouts, runtime, schedules, sharding
 from replax import checkpoint as checkpoint_lib
 from replax import flops as flops_lib
 from replax import metrics as metrics_lib
+from replax import spec as spec_lib
 from replax import train_step as train_step_lib
 from replax.run import (
     Data,
@@ -40,13 +43,17 @@ from replax.run import (
 )
 
 
-def train(config, workdir: str, log=print) -> dict[str, Any]:
+def train(
+    spec: spec_lib.RunSpec | ml_collections.ConfigDict, workdir: str, log=print
+) -> dict[str, Any]:
     """Runs (or resumes) one RL run in workdir. Returns a summary dict.
 
     Raises ConfigError before anything is written for a bad config or workdir, and
     runtime.Preempted after checkpointing when SIGTERM or SIGINT stopped the run."""
+    if not isinstance(spec, spec_lib.RunSpec):  # the notebook's and the tests' entry
+        spec = spec_lib.parse(spec)
     runtime.check_workdir(workdir)
-    run = build(config, workdir)
+    run = build(spec, workdir)
     # Warnings (a checkpoint set aside) go to stderr; with several processes, process 0
     # alone reports.
     warn = functools.partial(print, file=sys.stderr)
@@ -54,12 +61,12 @@ def train(config, workdir: str, log=print) -> dict[str, Any]:
         log = warn = _silent
     ckpt_dir = os.path.join(workdir, "checkpoints")
     has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
-    runtime.check_resume_config(workdir, config.to_dict(), has_checkpoint)
+    runtime.check_resume_config(workdir, spec.to_dict(), has_checkpoint)
     os.makedirs(workdir, exist_ok=True)
     with runtime.WorkdirLock(workdir):
-        runtime.record_run_config(workdir, config.to_dict())
+        runtime.record_run_config(workdir, spec.to_dict())
         data = prepare_data(run)
-        checkpointer = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=config.checkpoint_keep)
+        checkpointer = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=spec.checkpoint_keep)
         stop = runtime.StopRequest().install()
         try:
             prompt_iter = iter(data.prompts)
@@ -134,7 +141,7 @@ def run_loop(
 ):
     """The RL loop from loop.step to total_steps, or until `stop` (a runtime.StopRequest)
     is requested: then it checkpoints the step it finished and raises runtime.Preempted."""
-    c, evaluator, schedule, account = run.config, data.evaluator, loop.schedule, loop.account
+    c, evaluator, schedule, account = run.spec, data.evaluator, loop.schedule, loop.account
     if loop.base_accuracy is None:
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
@@ -253,7 +260,7 @@ def _silent(*args, **kwargs) -> None:
 def _account(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:
     """Adds one step's generation (lengths int[R] of the completions, or None when the
     step generated nothing) and training to the cumulative compute account."""
-    c, r, b = run.config, run.rollouts_per_step, run.config.train.batch_size
+    c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
     if lengths is not None:
         account.gen_tokens += int(lengths.sum())
         account.gen_flops += flops_lib.generate_flops(

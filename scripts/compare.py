@@ -19,22 +19,26 @@ Writes DIR/compare.json (keys: ../shared/design.md, contract 3), DIR/compare.png
 (held-out accuracy against generated tokens, modelled cost and wall-clock; median and
 interquartile band over seeds) and DIR/compare.md (the table printed to stdout).
 
-Flags: --config, --seeds, --select_seed, --select_by final|mean, --variants, --define
-NAME=BASE_VARIANT (a variant built from a config variant plus its overrides), --lr_grid
+Flags (absl, as scripts/train.py takes them): --config=FILE[:ARG] (default
+configs/arith.py; ARG's parts go before each variant's, e.g.
+--config=configs/gsm8k.py:qwen3-0.6b,pod runs qwen3-0.6b,pod,onpolicy and
+qwen3-0.6b,pod,replay), --config.KEY=VALUE (repeatable: every run), --seeds,
+--select_seed, --select_by final|mean, --variants, --define NAME=BASE_VARIANT (a variant
+built from a config variant plus its overrides), --lr_grid
 'onpolicy:3e-5,1e-4,3e-4;replay:1e-5,3e-5,1e-4' (default: the config's rate x 1/3, 1, 3),
 --mu_model, --budget_rollouts (default: total_steps x R of the on-policy config),
 --num_evals (evaluations per run, at equal generation spacing), --target (instead of the
-on-policy median), --override [VARIANT:]KEY=VALUE (repeatable; without VARIANT, every run),
+on-policy median), --override=[VARIANT:]KEY=VALUE (repeatable; with VARIANT, that
+variant's runs only: the per-variant form; without, every run, as --config.KEY=VALUE),
 --final_pass_k_prompts N (re-evaluate each chosen run's last checkpoint with pass@k over N
 held-out prompts, cached in the run's final_eval_passN.json, and report that pass@k and
-entropy: the runs' own evaluations use 64 prompts, where one prompt is 1.6 points).
+entropy: the runs' own evaluations use 64 prompts, where one prompt is 1.6 points),
+--compilation_cache DIR|none.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import shlex
 import sys
 import time
 
@@ -45,8 +49,8 @@ from replax import (
     analysis,  # noqa: E402
     config_utils,  # noqa: E402
 )
-from replax import configuration as cfg  # noqa: E402
 from replax import experiments as ex  # noqa: E402
+from replax import spec as spec_lib  # noqa: E402
 
 REFERENCE = "onpolicy"
 CANDIDATE = "replay"
@@ -70,33 +74,39 @@ RUN_KEYS = (
 NEVER_KEYS = ("gen_tokens_to_target", "cost_to_target", "cost_to_target_at_mu_measured")
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--config", default="configs/arith.py")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--select_seed", type=int, default=0)
-    p.add_argument("--select_by", choices=("final", "mean"), default="mean")
-    p.add_argument("--variants", default="onpolicy,replay")
-    p.add_argument("--define", action="append", default=[], metavar="NAME=BASE")
-    p.add_argument("--lr_grid", default="")
-    p.add_argument("--mu_model", type=float, default=6.0)
-    p.add_argument("--budget_rollouts", type=int, default=0)
-    p.add_argument("--num_evals", type=int, default=16)
-    p.add_argument("--target", type=float, default=None)
-    p.add_argument(
-        "--compilation_cache",
-        default=None,
-        help="JAX persistent compilation cache dir (default DIR/jax_cache; 'none': off)",
+def define_flags(values) -> None:
+    """compare.py's own flags (ex.parse_command_line adds --config, --workdir, --override
+    and --compilation_cache)."""
+    from absl import flags
+
+    def define(kind, name, default, text, **kwargs):
+        getattr(flags, f"DEFINE_{kind}")(name, default, text, flag_values=values, **kwargs)
+
+    define("integer", "seeds", 3, "Seeds per variant (the selection seed first).", lower_bound=1)
+    define("integer", "select_seed", 0, "The seed the learning-rate grid runs on.")
+    flags.DEFINE_enum(
+        "select_by",
+        "mean",
+        ["final", "mean"],
+        "Best rate by: final or mean accuracy.",
+        flag_values=values,
     )
-    p.add_argument("--override", action="append", default=[], metavar="[VARIANT:]KEY=VALUE")
-    p.add_argument("--final_pass_k_prompts", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.seeds < 1 or args.num_evals < 1:
-        p.error("--seeds and --num_evals must be >= 1")
-    if args.final_pass_k_prompts < 0:
-        p.error("--final_pass_k_prompts must be >= 0")
-    return args
+    define("string", "variants", "onpolicy,replay", "Variants to compare, comma-separated.")
+    define("multi_string", "define", [], "NAME=BASE: a variant from a config variant.")
+    define("string", "lr_grid", "", "VARIANT:LR,LR;VARIANT:LR (default: rate x 1/3, 1, 3).")
+    define("float", "mu_model", 6.0, "The mu of the cost model.")
+    define(
+        "integer", "budget_rollouts", 0, "Generated rollouts per run (0: the on-policy config's)."
+    )
+    define("integer", "num_evals", 16, "Evaluations per run.", lower_bound=1)
+    define("float", "target", None, "Target accuracy (default: the on-policy median).")
+    define(
+        "integer", "final_pass_k_prompts", 0, "Re-evaluate pass@k over N prompts.", lower_bound=0
+    )
+
+
+def parse_args(argv):
+    return ex.parse_command_line("compare.py", argv, define_flags)
 
 
 def parse_lr_grid(spec: str) -> dict[str, list[float]]:
@@ -116,7 +126,8 @@ class Plan:
         self.args = args
         self.workdir = os.path.abspath(args.workdir)
         self.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-        known = ex.config_variants(args.config)
+        self.path, self.arg = ex.config_file(args)
+        known = ex.config_variants(self.path)
         self.base = {}
         for definition in args.define:
             name, sep, base = definition.partition("=")
@@ -127,10 +138,10 @@ class Plan:
             self.base.setdefault(v, v)
             if known and self.base[v] not in known:
                 raise config_utils.ConfigError(
-                    f"variant {v!r}: not a variant of {args.config} {known}; "
+                    f"variant {v!r}: not a variant of {self.path} {known}; "
                     f"define it with --define {v}=BASE"
                 )
-        self.overrides = [ex.split_override(o) for o in args.override]
+        self.overrides = ex.command_line_overrides(args)
         for scope, _, _ in self.overrides:
             if scope is not None and scope not in self.variants:
                 raise config_utils.ConfigError(f"--override scope {scope!r} is not a variant")
@@ -145,7 +156,7 @@ class Plan:
             self.lr_grid[v] = grids.get(v) or [float(f"{lr * f:.1g}") for f in (1 / 3, 1, 3)]
 
     def _overridden(self, variant):
-        config = ex.load_config(self.args.config, self.base[variant])
+        config = ex.load_config(self.path, ex.variant_arg(self.arg, self.base[variant]))
         for scope, key, value in self.overrides:
             if scope in (None, variant):
                 ex.set_value(config, key, value)
@@ -154,7 +165,7 @@ class Plan:
     def _default_budget(self) -> int:
         reference = REFERENCE if REFERENCE in self.variants else self.variants[0]
         config = self._overridden(reference)
-        return config.total_steps * cfg.rollouts_per_step(config)
+        return config.total_steps * ex.rollouts_per_step(config)
 
     def config(self, variant: str, lr: float, seed: int):
         return ex.finalize_config(
@@ -166,6 +177,10 @@ class Plan:
             shared_dir=self.workdir,
             explicit={key for scope, key, _ in self.overrides if scope in (None, variant)},
         )
+
+    def spec(self, variant: str, lr: float, seed: int) -> spec_lib.RunSpec:
+        """The run spec of one run (its config was checked by `validate`)."""
+        return spec_lib.parse(self.config(variant, lr, seed))
 
     def run_dir(self, variant: str, lr: float, seed: int) -> str:
         return os.path.join(self.workdir, "runs", variant, f"lr{lr:g}", f"seed{seed}")
@@ -204,7 +219,7 @@ def run_all(plan: Plan, log=print):
         grid = []
         for lr in plan.lr_grid[v]:
             workdir = plan.run_dir(v, lr, plan.args.select_seed)
-            ex.ensure_run(plan.config(v, lr, plan.args.select_seed), workdir, log=log)
+            ex.ensure_run(plan.spec(v, lr, plan.args.select_seed), workdir, log=log)
             records, base = analysis.load_run(workdir)
             s = analysis.summarize_run(records, base_accuracy=base)
             grid.append({"lr": lr, **{k: s[k] for k in ("final_accuracy", "mean_accuracy")}})
@@ -216,12 +231,12 @@ def run_all(plan: Plan, log=print):
         runs, finals = [], []
         for seed in plan.seeds:
             workdir = plan.run_dir(v, best["lr"], seed)
-            config = plan.config(v, best["lr"], seed)
-            ex.ensure_run(config, workdir, log=log)
+            spec = plan.spec(v, best["lr"], seed)
+            ex.ensure_run(spec, workdir, log=log)
             runs.append((seed, workdir))
             if plan.args.final_pass_k_prompts:
                 n = plan.args.final_pass_k_prompts
-                finals.append(ex.final_evaluation(config, workdir, n, log=log))
+                finals.append(ex.final_evaluation(spec, workdir, n, log=log))
         out[v] = {"lr_grid": grid, "lr": best["lr"], "runs": runs, "final_evals": finals}
     return out
 
@@ -278,7 +293,7 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
             "lr": results[v]["lr"],
             "seeds": [s["seed"] for s in per_seed],
             "run_dirs": [os.path.relpath(d, plan.workdir) for *_, d in runs],
-            "R": cfg.rollouts_per_step(config),
+            "R": ex.rollouts_per_step(config),
             "B": config.train.batch_size,
             "N": config.replay.capacity,
             "total_steps": config.total_steps,
@@ -408,23 +423,11 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.makedirs(plan.workdir, exist_ok=True)
-    cache = args.compilation_cache or os.path.join(plan.workdir, "jax_cache")
-    with ex.compilation_cache(None if cache == "none" else cache):
+    with ex.compilation_cache(ex.cache_dir(args.compilation_cache, plan.workdir)):
         results = run_all(plan)
     payload, curves = report(plan, results, mu_model=args.mu_model, target=args.target)
-    payload["command"] = shlex.join([os.path.basename(sys.executable), "scripts/compare.py", *argv])
-    payload["machine"] = {
-        **analysis.machine_info(),
-        "load_average_start": load_start,
-        "load_average_end": analysis.load_average(),
-    }
-    payload["wall_s"] = time.time() - t0
-    analysis.write_json(os.path.join(plan.workdir, "compare.json"), payload)
-    plot(payload, curves, os.path.join(plan.workdir, "compare.png"))
-    text = table(payload)
-    with open(os.path.join(plan.workdir, "compare.md"), "w") as f:
-        f.write(text)
-    print(text)
+    plot_to = lambda path: plot(payload, curves, path)  # noqa: E731
+    ex.write_report(plan.workdir, "compare", payload, table(payload), plot_to, argv, t0, load_start)
     return 0
 
 

@@ -28,13 +28,13 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
 
     from replax import config_utils, configuration, experiments
+    from replax import spec as spec_lib
 
     config = _CONFIG.value
-    try:
+    try:  # evaluate_checkpoint builds the run, and so checks it, before any compute
         file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
-        config = configuration.fit_task_section(config, file_config)
-        configuration.validate(config)
-        metrics = experiments.evaluate_checkpoint(config, _WORKDIR.value)
+        spec = spec_lib.parse(configuration.fit_task_section(config, file_config))
+        metrics = experiments.evaluate_checkpoint(spec, _WORKDIR.value)
     except config_utils.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -32,10 +32,9 @@ def _fail(message: str) -> None:
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
-    import ml_collections
-
-    from replax import checkpoint, configuration, hf, hf_config
+    from replax import checkpoint, hf, hf_config
     from replax import run as run_lib
+    from replax import spec as spec_lib
     from replax.config_utils import ConfigError
 
     workdir = _WORKDIR.value
@@ -45,15 +44,10 @@ def main(argv):
         _fail(f"--workdir={workdir} has no config.json: not a replax run directory")
     if not os.path.isdir(ckpt_dir):
         _fail(f"--workdir={workdir} has no checkpoints/")
-    with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    config.mesh.shape = tuple(config.mesh.shape)
-    config.mesh.rules = tuple(
-        (name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in config.mesh.rules
-    )
-    try:
-        configuration.validate(config)
-        run = run_lib.build(config, workdir)
+    try:  # a config.json of an older replax is migrated on the way in
+        with open(path) as f:
+            spec = spec_lib.parse(json.load(f))
+        run = run_lib.build(spec, workdir)
     except ConfigError as e:
         _fail(str(e))
     train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
@@ -67,8 +61,8 @@ def main(argv):
     finally:
         reader.close()
     tokenizer_dir = None
-    if config.tokenizer.name == "hf":
-        tokenizer_dir = config.tokenizer.path or config.model.checkpoint
+    if spec.tokenizer.name == "hf":
+        tokenizer_dir = spec.tokenizer.path or spec.model.checkpoint
         if os.path.isfile(tokenizer_dir):
             tokenizer_dir = os.path.dirname(tokenizer_dir)
     written = hf.save_pretrained(

@@ -19,16 +19,20 @@ reaches the target go to DIR/sweep.json, a markdown table to DIR/sweep.md (and s
 and a heat map to DIR/sweep.png (x by y, colour = median cost to target at mu_model,
 annotated; never-reached cells hatched).
 Runs live in DIR/runs/NAME/seedS and are resumable.
+
+Flags (absl, as scripts/train.py takes them): --config=FILE[:VARIANT] (default
+configs/arith.py; a VARIANT there is the variant, as --variant gives it),
+--config.KEY=VALUE (repeatable: every run; --override=KEY=VALUE is the older spelling),
+--variant, --target_from, --target, --x, --y, --refinements, --refine_at, --seeds, --lr,
+--mu_model, --budget_rollouts, --num_evals, --shared_dir, --compilation_cache DIR|none.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import re
-import shlex
 import sys
 import time
 
@@ -39,8 +43,8 @@ from replax import (
     analysis,  # noqa: E402
     config_utils,  # noqa: E402
 )
-from replax import configuration as cfg  # noqa: E402
 from replax import experiments as ex  # noqa: E402
+from replax import spec as spec_lib  # noqa: E402
 
 KEYS = (
     "final_accuracy",
@@ -56,32 +60,38 @@ KEYS = (
 NEVER_KEYS = ("gen_tokens_to_target", "cost_to_target", "cost_to_target_at_mu_measured")
 
 
+def define_flags(values) -> None:
+    """sweep.py's own flags (ex.parse_command_line adds --config, --workdir, --override
+    and --compilation_cache)."""
+    from absl import flags
+
+    def define(kind, name, default, text, **kwargs):
+        getattr(flags, f"DEFINE_{kind}")(name, default, text, flag_values=values, **kwargs)
+
+    define("string", "variant", "replay", "The config variant of every cell.")
+    define("string", "target_from", "", "A compare.json: target, rate, mu, budget, bases.")
+    define("float", "target", None, "Target accuracy (instead of --target_from's).")
+    define("string", "x", "1,2,4,8,16", "buffer horizons N / R")
+    define("string", "y", "1,2,4", "replay ratios B / R")
+    define("string", "refinements", "pb0.2,pb0.5,asymre,maxage4,zeroadv", "Refinement runs.")
+    define("string", "refine_at", "", "X,Y of the refinement runs")
+    define("integer", "seeds", 1, "Seeds per cell.", lower_bound=1)
+    define("float", "lr", None, "Learning rate (default: --target_from's replay rate).")
+    define("float", "mu_model", None, "The mu of the cost model (default 6).")
+    define("integer", "budget_rollouts", 0, "Generated rollouts per run.")
+    define("integer", "num_evals", 16, "Evaluations per run.", lower_bound=1)
+    define("string", "shared_dir", "", "where data/ and base/ live")
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--config", default="configs/arith.py")
-    p.add_argument("--variant", default="replay")
-    p.add_argument("--target_from", default="")
-    p.add_argument("--target", type=float, default=None)
-    p.add_argument("--x", default="1,2,4,8,16", help="buffer horizons N / R")
-    p.add_argument("--y", default="1,2,4", help="replay ratios B / R")
-    p.add_argument("--refinements", default="pb0.2,pb0.5,asymre,maxage4,zeroadv")
-    p.add_argument("--refine_at", default="", help="X,Y of the refinement runs")
-    p.add_argument("--seeds", type=int, default=1)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--mu_model", type=float, default=None)
-    p.add_argument("--budget_rollouts", type=int, default=0)
-    p.add_argument("--num_evals", type=int, default=16)
-    p.add_argument("--shared_dir", default="", help="where data/ and base/ live")
-    p.add_argument(
-        "--compilation_cache",
-        default=None,
-        help="JAX persistent compilation cache dir (default DIR/jax_cache; 'none': off)",
-    )
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
-    args = p.parse_args(argv)
-    if args.seeds < 1 or args.num_evals < 1:
-        p.error("--seeds and --num_evals must be >= 1")
+    args = ex.parse_command_line("sweep.py", argv, define_flags)
+    path, arg = ex.config_file(args)
+    if arg is not None:  # --config=FILE:VARIANT names the variant, as --variant does
+        if args["variant"].present and args.variant != arg:
+            raise config_utils.ConfigError(
+                f"--config={path}:{arg} and --variant={args.variant}: give the variant once"
+            )
+        args.variant = arg
     return args
 
 
@@ -122,11 +132,12 @@ class Sweep:
         if args.target_from:
             with open(args.target_from) as f:
                 self.compare = json.load(f)
-        self.overrides = [ex.split_override(o) for o in args.override]
+        self.path, _ = ex.config_file(args)
+        self.overrides = ex.command_line_overrides(args)
         if any(scope is not None for scope, _, _ in self.overrides):
             raise config_utils.ConfigError("sweep --override takes KEY=VALUE (no scope)")
         base = self.base_config()
-        self.r = cfg.rollouts_per_step(base)
+        self.r = ex.rollouts_per_step(base)
         cmp = self.compare or {}
         self.lr = args.lr or cmp.get("lr_chosen", {}).get(args.variant)
         self.lr = self.lr or base.optimizer.learning_rate
@@ -149,15 +160,15 @@ class Sweep:
     def _default_budget(self) -> int:
         """compare.py's default: total_steps x R of the on-policy variant, if any."""
         reference = self.args.variant
-        if "onpolicy" in ex.config_variants(self.args.config):
+        if "onpolicy" in ex.config_variants(self.path):
             reference = "onpolicy"
-        config = ex.load_config(self.args.config, reference)
+        config = ex.load_config(self.path, reference)
         for _, key, value in self.overrides:
             ex.set_value(config, key, value)
-        return config.total_steps * cfg.rollouts_per_step(config)
+        return config.total_steps * ex.rollouts_per_step(config)
 
     def base_config(self):
-        config = ex.load_config(self.args.config, self.args.variant)
+        config = ex.load_config(self.path, self.args.variant)
         for _, key, value in self.overrides:
             ex.set_value(config, key, value)
         return config
@@ -241,7 +252,7 @@ def run_and_summarize(sweep: Sweep, log=print):
         cell["runs"] = []
         for seed in sweep.seeds:
             workdir = sweep.run_dir(cell, seed)
-            ex.ensure_run(sweep.config(cell, seed), workdir, log=log)
+            ex.ensure_run(spec_lib.parse(sweep.config(cell, seed)), workdir, log=log)
             records, base = analysis.load_run(workdir)
             summary = analysis.summarize_run(records, base_accuracy=base)
             summary.update(analysis.to_target(records, sweep.target, mus, base_accuracy=base))
@@ -402,22 +413,10 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.makedirs(sweep.workdir, exist_ok=True)
-    cache = args.compilation_cache or os.path.join(sweep.workdir, "jax_cache")
-    with ex.compilation_cache(None if cache == "none" else cache):
+    with ex.compilation_cache(ex.cache_dir(args.compilation_cache, sweep.workdir)):
         payload = run_and_summarize(sweep)
-    payload["command"] = shlex.join([os.path.basename(sys.executable), "scripts/sweep.py", *argv])
-    payload["machine"] = {
-        **analysis.machine_info(),
-        "load_average_start": load_start,
-        "load_average_end": analysis.load_average(),
-    }
-    payload["wall_s"] = time.time() - t0
-    analysis.write_json(os.path.join(sweep.workdir, "sweep.json"), payload)
-    plot(payload, os.path.join(sweep.workdir, "sweep.png"))
-    text = table(payload)
-    with open(os.path.join(sweep.workdir, "sweep.md"), "w") as f:
-        f.write(text)
-    print(text)
+    plot_to = lambda path: plot(payload, path)  # noqa: E731
+    ex.write_report(sweep.workdir, "sweep", payload, table(payload), plot_to, argv, t0, load_start)
     return 0
 
 

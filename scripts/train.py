@@ -25,6 +25,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from replax.config_utils import flag_error_line as _one_line  # noqa: E402
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_ROOT, "configs", "arith.py"), "Config file: configs/NAME.py[:VARIANT]."
@@ -48,19 +50,6 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _one_line(error: Exception) -> str:
-    """The informative line of a flag-parsing error (config files raise inside absl)."""
-    text = str(error).strip().strip('"')
-    if isinstance(error, KeyError) or (text.startswith("'") and text.endswith("'")):
-        return f"unknown config key {text}: the config file lists the keys it has"
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    line = lines[-1] if "Traceback" in str(error) else lines[0]
-    head, sep, tail = line.partition(": ")
-    return tail if sep and head.rsplit(".", 1)[-1].endswith(("Error", "Exception")) else line
-
-
 def _parse(argv):
     try:
         return flags.FLAGS(argv)
@@ -74,6 +63,7 @@ def main(argv):
     import jax
 
     from replax import config_utils, configuration, experiments, runtime, sharding, trainer
+    from replax import spec as spec_lib
 
     config_file = flags.FLAGS["config"].config_filename.split(":")[0]
     if not os.path.isfile(config_file):
@@ -89,11 +79,11 @@ def main(argv):
         )
     except (ValueError, TypeError, RuntimeError) as e:
         _fail(f"jax.distributed: {_one_line(e)}")
-    try:  # train validates the config before it creates anything
+    try:  # the spec checks itself, and train builds it, before anything is created
         # A task.name on the command line keeps only the file's task.* keys it can use.
         file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
-        config = configuration.fit_task_section(config, file_config)
-        summary = trainer.train(config, _WORKDIR.value)
+        spec = spec_lib.parse(configuration.fit_task_section(config, file_config))
+        summary = trainer.train(spec, _WORKDIR.value)
     except config_utils.ConfigError as e:
         _fail(str(e))
     except runtime.Preempted as e:

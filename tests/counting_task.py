@@ -10,13 +10,13 @@ index, PID the operating system's) and each `examples` call one line to
 LOGS/examples.P.PID: the test counts completions scored per process and data builds.
 """
 
-import importlib.util
 import os
 import random
 import sys
 
 import ml_collections
 
+from replax.config_utils import load_module
 from replax.tasks import Example, Task
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,11 +67,7 @@ def make_task(log_dir: str = "") -> CountingTask:
 
 def get_config(arg=None):
     """configs/arith.py (its `arg` variant) with this task."""
-    path = os.path.join(os.path.dirname(_HERE), "configs", "arith.py")
-    spec = importlib.util.spec_from_file_location("replax_configs_arith", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config(arg)
+    c = load_module(os.path.join(os.path.dirname(_HERE), "configs", "arith.py")).get_config(arg)
     c.task = ml_collections.ConfigDict()
     c.task.name = "counting_task:make_task"
     c.task.log_dir = ""

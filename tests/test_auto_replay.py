@@ -376,7 +376,7 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
 
 
 def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
-    from replax import analysis, configuration, experiments, trainer
+    from replax import analysis, experiments, trainer
     from replax import metrics as metrics_lib
 
     c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
@@ -388,7 +388,7 @@ def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
     experiments.finalize_config(
         c, budget_rollouts=16, num_evals=2, seed=0, learning_rate=1e-4, shared_dir=str(tmp_path)
     )
-    r = configuration.rollouts_per_step(c)
+    r = experiments.rollouts_per_step(c)
     assert c.total_rollouts == 16 and c.eval.every == 1
     assert c.total_steps == 16 // r * int(c.replay.auto_max_y * r / c.train.batch_size)
     workdir = str(tmp_path / "run")

@@ -149,6 +149,37 @@ def test_override_parsing_and_bad_flags(tmp_path, capsys):
     assert not (workdir / "runs").exists()
 
 
+def test_config_flags_as_train_py_takes_them(tmp_path, capsys):
+    """--config=FILE[:ARG] and --config.KEY=VALUE, as scripts/train.py reads them; the
+    older --override=[VARIANT:]KEY=VALUE still applies, after them."""
+    argv = [
+        f"--workdir={tmp_path}",
+        f"--config={os.path.join(ROOT, 'configs/arith.py')}",
+        "--config.replay.capacity=128",
+        "--config.optimizer.learning_rate=3e-4",
+        "--override=replay:train.batch_size=32",
+    ]
+    plan = compare.Plan(compare.parse_args(argv))
+    on, rp = (plan.config(v, 1e-4, 0) for v in ("onpolicy", "replay"))
+    assert on.replay.capacity == rp.replay.capacity == 128
+    assert (on.train.batch_size, rp.train.batch_size) == (64, 32)
+    assert plan.lr_grid["replay"] == [1e-4, 3e-4, 9e-4]  # around the overridden rate
+    for bad, words in (
+        ("--config.no_such_key=1", "no_such_key"),
+        ("--config.replay.capacity=abc", "invalid literal"),
+        ("--seeds=0", "--seeds"),
+        ("--config=configs/missing.py", "no such file"),
+    ):
+        assert compare.main([f"--workdir={tmp_path / 'x'}", bad]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert words in line, line
+    # An ARG of the file goes before each variant's parts: arith.py's variants are whole.
+    assert compare.main([f"--workdir={tmp_path / 'x'}", "--config=configs/arith.py:replay"]) == 2
+    assert "config variant 'replay,onpolicy'" in capsys.readouterr().err
+    assert ex.variant_arg("qwen3-0.6b,pod", "onpolicy") == "qwen3-0.6b,pod,onpolicy"
+    assert ex.variant_arg(None, "replay") == "replay"
+
+
 # A micro run (tests/test_trainer.py's MICRO): 8 simulated devices divide every batch.
 MICRO = [
     "model.num_layers=1",

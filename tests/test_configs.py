@@ -18,6 +18,7 @@ from ml_collections import config_flags
 
 from replax import configuration, experiments
 from replax import model as model_lib
+from replax import spec as spec_lib
 from replax.config_utils import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -192,7 +193,7 @@ def test_every_key_the_trainer_reads_is_there():
         return out
 
     wanted = {k for k in keys(arith) if not k.startswith("task.")}
-    wanted |= {f"task.{k}" for k in configuration.TASK_DATA_KEYS}
+    wanted |= {f"task.{k}" for k in spec_lib.TASK_DATA_KEYS}
     for name in FILES:
         for variant in ("replay,host", "onpolicy,pod"):
             missing = wanted - keys(load(name, variant))
@@ -208,7 +209,7 @@ def test_architecture_keys_are_the_named_model(model, checkpoint):
     c.tokenizer.path = checkpoint
     c.task.data_path = str(DATA / "gsm8k_tiny.jsonl")
     configuration.validate(c)
-    config = configuration.model_config(c)
+    config = configuration.model_config(spec_lib.parse(c).model)
     tokens = jax.numpy.zeros((1, 8), "int32")
     shapes = jax.eval_shape(
         lambda: model_lib.Transformer(config).init(jax.random.key(0), tokens, tokens)

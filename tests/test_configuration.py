@@ -1,11 +1,12 @@
-"""Tests for replax/configuration.py: every bad setting is one ConfigError line naming its
-key, raised before any compute; and the config -> dataclass conversions."""
+"""Tests for replax/configuration.py (parse and build): every bad setting is one
+ConfigError line naming its key, raised before any compute; and the task section."""
 
 import os
 
 import pytest
 
 from replax import configuration, experiments
+from replax import spec as spec_lib
 from replax.config_utils import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,14 +141,14 @@ def test_a_step_of_fresh_rollouts_must_fit_in_the_buffer():
 
 def test_task_keys_go_to_the_task_factory():
     c = config(**{"task.max_digits": 2, "task.min_digits": 1})
-    task = configuration.make_task_from_config(c)
+    task = configuration.validate(c).task
     assert task.difficulty.max_digits == 2 and task.difficulty.min_digits == 1
-    assert "num_train" not in configuration.task_kwargs(c)
+    assert "num_train" not in spec_lib.parse(c).task.kwargs
 
 
 def test_a_task_name_override_drops_the_files_task_keys_left_as_the_file_set_them():
     c = config(**{"task.name": "user_task:make_task"})
-    assert configuration.task_kwargs(c) == {}  # min_terms ... max_mul_operand: arith's
+    assert spec_lib.parse(c).task.kwargs == {}  # min_terms ... max_mul_operand: arith's
     assert c.task.num_train == 50_000  # the data keys stay
     assert repr(configuration.validate(c).task) == "ReverseTask(length=3)"
 
@@ -163,12 +164,16 @@ def test_a_changed_key_of_the_files_task_is_refused_in_one_line():
 
 def test_a_task_name_override_passes_the_keys_its_factory_takes():
     c = config(**{"task.name": "replax.tasks.arith:make_arith_task", "task.max_digits": 4})
-    assert configuration.task_kwargs(c)["max_digits"] == 4
-    assert configuration.make_task_from_config(c).difficulty.max_digits == 4
+    spec = spec_lib.parse(c)
+    assert spec.task.kwargs["max_digits"] == 4
+    task = configuration.make_task(
+        spec.task, configuration.make_tokenizer(spec.tokenizer, spec.model)
+    )
+    assert task.difficulty.max_digits == 4
 
 
 def test_rollouts_per_step_and_auto_max_period():
     c = config(**{"replay.mode": "auto", "replay.auto_max_y": 8.0})
-    assert configuration.rollouts_per_step(c) == 8
+    assert spec_lib.parse(c).rollouts_per_step == 8
     # B = 16, R = 8: y = 2 per generation; y <= 8 allows generating every 4th step.
-    assert configuration.auto_max_period(c) == 4
+    assert spec_lib.parse(c).auto_max_period == 4

@@ -148,13 +148,15 @@ def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, data, d
     # The run's task (from the configuration it saved) reads the real slice, split as the
     # files are, and scores each real solution 1 against its reference and 0 against the
     # next problem's (what the rewards of a trained policy would rest on).
-    import ml_collections
-
     from replax import configuration
+    from replax import spec as spec_lib
     from replax.tasks.answers import gsm8k_reference
 
     with open(workdir / "config.json") as f:
-        task = configuration.make_task_from_config(ml_collections.ConfigDict(json.load(f)))
+        spec = spec_lib.parse(json.load(f))
+    task = configuration.make_task(
+        spec.task, configuration.make_tokenizer(spec.tokenizer, spec.model)
+    )
     for split, count in (("train", NUM_TRAIN), ("test", NUM_TEST)):
         solutions = [r["answer"] for r in assets.read_jsonl(data / f"{split}.jsonl")]
         answers = [e.answer for e in task.examples(split, 0)]

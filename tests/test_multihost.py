@@ -245,6 +245,7 @@ sys.path.insert(0, "tests")
 import jax
 import counting_task
 from replax import run as run_lib
+from replax import spec as spec_lib
 config = counting_task.get_config()
 for flag in sys.argv[2:]:
     *path, last = flag[len("--config."):].split("=", 1)[0].split(".")
@@ -252,7 +253,7 @@ for flag in sys.argv[2:]:
     for part in path:
         node = node[part]
     node[last] = type(node[last])(flag.split("=", 1)[1])
-run = run_lib.build(config, sys.argv[1])
+run = run_lib.build(spec_lib.parse(config), sys.argv[1])
 _, replay_state = run_lib.init_states(run)
 pools = run.buffer.num_shards
 held = sorted({

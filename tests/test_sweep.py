@@ -29,6 +29,15 @@ def test_refinements_are_config_overrides():
         sweep.refinement_overrides("bogus", base)
 
 
+def test_a_variant_in_config_is_the_variant():
+    args = sweep.parse_args(["--workdir=/tmp/unused", "--config=configs/arith.py:onpolicy"])
+    assert args.variant == "onpolicy"
+    with pytest.raises(config_utils.ConfigError, match="give the variant once"):
+        sweep.parse_args(
+            ["--workdir=/tmp/unused", "--config=configs/arith.py:onpolicy", "--variant=replay"]
+        )
+
+
 MICRO = [
     "model.num_layers=1",
     "model.d_model=32",
@@ -59,7 +68,8 @@ def test_sweep_end_to_end_on_a_micro_grid(tmp_path):
         "--target=0.0",
         "--budget_rollouts=32",
         "--num_evals=2",
-        *[f"--override={o}" for o in MICRO],
+        # The --config.KEY=VALUE form of scripts/train.py (compare's test keeps --override).
+        *[f"--config.{o}" for o in MICRO],
     ]
     assert sweep.main(argv) == 0
     payload = json.loads((workdir / "sweep.json").read_text())

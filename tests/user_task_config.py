@@ -4,11 +4,12 @@ the task section is the user's own, the rest comes from configs/arith.py.
   python scripts/train.py --config=tests/user_task_config.py --workdir=DIR
 """
 
-import importlib.util
 import os
 import sys
 
 import ml_collections
+
+from replax.config_utils import load_module
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # `user_task:make_task` is imported by name: its directory must be on the path.
@@ -17,10 +18,7 @@ sys.path.insert(0, _HERE)
 
 def _arith_config(arg):
     path = os.path.join(os.path.dirname(_HERE), "configs", "arith.py")
-    spec = importlib.util.spec_from_file_location("replax_configs_arith", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    return load_module(path).get_config(arg)
 
 
 def get_config(arg=None):

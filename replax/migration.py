@@ -1,0 +1,39 @@
+"""A config from an earlier replax, brought up to date: the one home of old defaults.
+
+A workdir's config.json, or a config file written before a setting existed, lacks that
+setting. `migrate` gives it the value that reproduces what such runs did, so that
+`replax.spec.parse` reads every config the same way and a run resumes under its old value
+(`replax.runtime.check_resume_config`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+# Settings added after runs were made, with the value that reproduces what those runs did.
+ADDED_KEYS = {
+    "model.scan_layers": False,
+    "model.remat_policy": "none",
+    "model.attention": "einsum",
+    "train.num_microbatches": 1,
+    "train.logits_chunk_size": 0,
+    "optimizer.state_dtype": "float32",
+    "rollout.top_p_candidates": 64,
+    "rollout.dtype": "",
+    "rollout.cache_dtype": "",
+    "rollout.mesh_shape": [],
+}
+
+
+def migrate(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a config's plain dict with each ADDED_KEYS setting it lacks set to the old
+    value (its section created if it has none)."""
+    out = copy.deepcopy(config)
+    for key, value in ADDED_KEYS.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, copy.deepcopy(value))
+    return out

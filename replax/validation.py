@@ -1,0 +1,209 @@
+"""Rules that span the run spec's sections, each a small named function.
+
+`validate_spec` runs the rules that need the configuration alone (RunSpec runs it on
+construction). The others need what `replax.configuration.build` made (the model's
+architecture, the tokenizer, the task) or the machine (the device and process counts)
+and are run there, before any compute. Each raises ConfigError with one line naming the
+key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from replax import sharding
+from replax.config_utils import ConfigError, number, require
+
+if TYPE_CHECKING:
+    from replax.spec import RunSpec
+
+
+def validate_spec(spec: RunSpec) -> None:
+    """Every rule across sections that the configuration alone decides."""
+    validate_buffer_holds_batch_and_step(spec)
+    validate_task_sizes(spec)
+    validate_auto_mode(spec)
+    validate_sequence_fits_model(spec)
+    validate_microbatches_with_loss(spec)
+
+
+def validate_buffer_holds_batch_and_step(spec: RunSpec) -> None:
+    """N >= B (a batch is drawn from the buffer) and N >= R (it keeps one step's fresh
+    rollouts; on-policy: N = B = R)."""
+    n, b, r = spec.replay.capacity, spec.train.batch_size, spec.rollouts_per_step
+    require(
+        n >= b,
+        f"replay.capacity={n} is smaller than train.batch_size={b}: capacity must be >= the batch",
+    )
+    require(
+        n >= r,
+        f"R = rollout.prompts_per_step x rollout.group_size = "
+        f"{spec.rollout.prompts_per_step} x {spec.rollout.group_size} = {r} fresh rollouts "
+        f"a step exceeds replay.capacity={n}: the buffer must hold one step's rollouts "
+        "(R <= replay.capacity)",
+    )
+
+
+def validate_task_sizes(spec: RunSpec) -> None:
+    """The examples written of each split (0: all a file-backed task has) cover a step's
+    prompts and the evaluation's."""
+    for key, value, least in (
+        ("task.num_train", spec.task.num_train, spec.rollout.prompts_per_step),
+        ("task.num_test", spec.task.num_test, spec.eval.num_prompts),
+    ):
+        if value:
+            number(key, value, low=least, integer=True)
+
+
+def validate_auto_mode(spec: RunSpec) -> None:
+    """Auto mode takes the gradient of each half of the batch, and cannot plan a replay
+    ratio below that of generating every step."""
+    if spec.replay.mode != "auto":
+        return
+    b, r = spec.train.batch_size, spec.rollouts_per_step
+    require(
+        b % 2 == 0,
+        f"train.batch_size={b} with replay.mode='auto': the batch splits into two "
+        "halves, so it must be even",
+    )
+    require(
+        spec.replay.auto_max_y * r >= b,
+        f"replay.auto_max_y={spec.replay.auto_max_y} is below B / R = {b / r:g}, the "
+        "replay ratio of generating every step: it must be >= B / R",
+    )
+
+
+def validate_sequence_fits_model(spec: RunSpec) -> None:
+    """A stored rollout (prompt + completion) fits the model's positions."""
+    require(
+        spec.seq_len <= spec.model.max_len,
+        f"rollout.max_prompt_len + rollout.max_new_tokens = {spec.seq_len} exceeds "
+        f"model.max_len={spec.model.max_len}",
+    )
+
+
+def validate_microbatches_with_loss(spec: RunSpec) -> None:
+    """m2po masks tokens over the whole batch: it cannot accumulate over microbatches."""
+    micro = spec.train.num_microbatches
+    require(
+        micro == 1 or spec.loss.name != "m2po",
+        f"train.num_microbatches={micro} with loss.name='m2po': m2po masks tokens over the "
+        "whole batch, so it needs train.num_microbatches=1",
+    )
+
+
+# ------------------------------------------------- with what build made, or the machine
+
+
+def logical_shards(spec: RunSpec, logical: str, shape, num_devices: int) -> int:
+    """How many ways mesh.rules split a logical axis (e.g. heads over tensor) on the mesh
+    of `shape`."""
+    shape = sharding.validate_mesh_shape(shape, num_devices)
+    rule = sharding.logical_to_spec((logical,), sharding.validate_rules(spec.mesh.rules))[0]
+    names = () if rule is None else ((rule,) if isinstance(rule, str) else tuple(rule))
+    return int(np.prod([shape[sharding.MESH_AXES.index(n)] for n in names]))
+
+
+def data_shards(spec: RunSpec, num_devices: int) -> int:
+    """How many ways the batch and the buffer split: the data x fsdp mesh axes."""
+    shape = sharding.validate_mesh_shape(spec.mesh.shape, num_devices)
+    return int(np.prod([shape[sharding.MESH_AXES.index(a)] for a in ("data", "fsdp")]))
+
+
+def sampler_mesh(spec: RunSpec, num_devices: int) -> tuple[int, int, int]:
+    """The sampler's mesh shape, checked against the devices under its own key."""
+    try:
+        return sharding.validate_mesh_shape(spec.sampler_mesh_shape, num_devices)
+    except ValueError as e:
+        message = str(e).splitlines()[0].replace("mesh.shape", "rollout.mesh_shape", 1)
+        raise ConfigError(message) from None
+
+
+def validate_vocab(model_config, tokenizer) -> None:
+    """Every id the tokenizer makes has an embedding."""
+    require(
+        model_config.vocab_size >= tokenizer.vocab_size,
+        f"model.vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+        f"vocabulary ({tokenizer.vocab_size} ids): it must be >= {tokenizer.vocab_size}",
+    )
+
+
+def validate_task_fits(spec: RunSpec, longest_prompt: int | None, longest_answer: int | None):
+    """Prompts and answers fit: prompts are never truncated. A byte-level tokenizer spends
+    one token per character; BOS and EOS take one more each."""
+    if spec.tokenizer.name != "byte":
+        return
+    for chars, key, what, extra in (
+        (longest_prompt, "max_prompt_len", "prompt", "BOS"),
+        (longest_answer, "max_new_tokens", "answer", "EOS"),
+    ):
+        if chars is not None:
+            limit = getattr(spec.rollout, key)
+            require(
+                chars + 1 <= limit,
+                f"rollout.{key}={limit} is shorter than the task's longest {what} "
+                f"({chars + 1} tokens with {extra})",
+            )
+
+
+def validate_heads_split(spec: RunSpec, model_config, sampler_shape, num_devices: int) -> None:
+    """Attention heads split over the tensor axis, of training's mesh and of the sampler's."""
+    for mesh_key, shape in (("mesh.shape", spec.mesh.shape), ("rollout.mesh_shape", sampler_shape)):
+        for key, value, logical in (
+            ("model.num_heads", model_config.num_heads, "heads"),
+            ("model.num_kv_heads", model_config.num_kv_heads, "kv_heads"),
+        ):
+            split = logical_shards(spec, logical, shape, num_devices)
+            require(
+                value % split == 0,
+                f"{key}={value} is not divisible by the {split} shards of '{logical}' on "
+                f"{mesh_key}={tuple(shape)}: use a multiple of {split} or a smaller tensor axis",
+            )
+
+
+def validate_microbatches(spec: RunSpec, shards: int) -> None:
+    """Microbatches split the batch (auto mode: each half of it) over the data shards."""
+    micro, b = spec.train.num_microbatches, spec.train.batch_size
+    auto = spec.replay.mode == "auto"
+    split = b // 2 if auto else b
+    what = "half of train.batch_size" if auto else "train.batch_size"
+    require(
+        split % micro == 0 and (split // micro) % shards == 0,
+        f"train.num_microbatches={micro}: must divide {what}={split} into microbatches "
+        f"that split over the {shards} data shards",
+    )
+
+
+def validate_rollout_batch(spec: RunSpec, sampler_shape, num_devices: int, processes: int):
+    """A step's rollouts split over the sampler's data shards, and its prompts over the
+    processes (each reads its own block of every batch of prompts)."""
+    r = spec.rollouts_per_step
+    split = logical_shards(spec, "batch", sampler_shape, num_devices)
+    require(
+        r % split == 0,
+        f"rollout R = prompts_per_step x group_size={r} is not divisible by the "
+        f"{split} data shards of rollout.mesh_shape={tuple(sampler_shape)}",
+    )
+    require(
+        spec.rollout.prompts_per_step % processes == 0,
+        f"rollout.prompts_per_step={spec.rollout.prompts_per_step} is not divisible by the "
+        f"{processes} processes: each process reads as many prompts",
+    )
+
+
+def validate_data_shards(spec: RunSpec, shards: int) -> None:
+    """Every batch, the buffer and the evaluation's rows split over the data shards."""
+    for key, value in (
+        ("rollout R = prompts_per_step x group_size", spec.rollouts_per_step),
+        ("train.batch_size", spec.train.batch_size),
+        ("replay.capacity", spec.replay.capacity),
+        ("eval.num_prompts", spec.eval.num_prompts),
+        ("eval.pass_k_prompts x eval.pass_k (rows sampled for pass@k)", spec.eval.pass_k_rows),
+    ):
+        require(
+            value % shards == 0,
+            f"{key}={value} is not divisible by the {shards} data shards of mesh.shape="
+            f"{tuple(spec.mesh.shape)}",
+        )

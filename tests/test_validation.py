@@ -1,0 +1,117 @@
+"""Tests for replax/validation.py: each rule across sections, on small numbers."""
+
+import dataclasses
+import os
+import types
+
+import pytest
+
+from replax import experiments, validation
+from replax import spec as spec_lib
+from replax.config_utils import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# R = 2 x 4 = 8, B = 16, N = 32.
+BASE = spec_lib.parse(experiments.load_config(os.path.join(ROOT, "configs", "arith.py")))
+BASE = dataclasses.replace(
+    BASE,
+    rollout=dataclasses.replace(BASE.rollout, group_size=4),
+    train=dataclasses.replace(BASE.train, batch_size=16),
+    replay=dataclasses.replace(BASE.replay, capacity=32),
+    eval=dataclasses.replace(BASE.eval, num_prompts=16, pass_k=2, pass_k_prompts=8),
+)
+
+
+def spec(**changes):
+    """BASE with section fields changed ('rollout__group_size': 1), not yet checked: a
+    stand-in with RunSpec's fields and properties, so one rule can be tried alone."""
+    sections = {f.name: getattr(BASE, f.name) for f in dataclasses.fields(BASE)}
+    for key, value in changes.items():
+        name, field = key.split("__")
+        sections[name] = types.SimpleNamespace(**{**vars(sections[name]), field: value})
+    s = types.SimpleNamespace(**sections)
+    s.rollouts_per_step = s.rollout.prompts_per_step * s.rollout.group_size
+    s.seq_len = s.rollout.max_prompt_len + s.rollout.max_new_tokens
+    s.sampler_mesh_shape = s.rollout.mesh_shape or s.mesh.shape
+    pass_k_prompts = min(s.eval.pass_k_prompts, s.eval.num_prompts)
+    s.eval = types.SimpleNamespace(**vars(s.eval), pass_k_rows=pass_k_prompts * s.eval.pass_k)
+    return s
+
+
+def fails(rule, *args, match):
+    with pytest.raises(ConfigError, match=match) as error:
+        rule(*args)
+    assert "\n" not in str(error.value)
+
+
+def test_the_base_passes_every_rule():
+    validation.validate_spec(spec())
+    validation.validate_microbatches(spec(), 8)
+    validation.validate_data_shards(spec(), 8)
+    validation.validate_rollout_batch(spec(), (8, 1, 1), 8, 1)
+
+
+def test_validate_buffer_holds_batch_and_step():
+    fails(
+        validation.validate_buffer_holds_batch_and_step,
+        spec(replay__capacity=8),
+        match="than train.batch_size=16",
+    )
+    rule = validation.validate_buffer_holds_batch_and_step
+    fails(rule, spec(rollout__group_size=20), match=r"2 x 20 = 40 fresh rollouts")
+    rule(spec(replay__capacity=16))  # N = B = 16 >= R = 8
+
+
+def test_validate_task_sizes():
+    fails(validation.validate_task_sizes, spec(task__num_train=1), match=">= 2")
+    fails(validation.validate_task_sizes, spec(task__num_test=8), match=">= 16")
+    validation.validate_task_sizes(spec(task__num_train=0, task__num_test=0))  # all of a file
+
+
+def test_validate_auto_mode():
+    auto = dict(replay__mode="auto")
+    fails(validation.validate_auto_mode, spec(**auto, train__batch_size=15), match="even")
+    # B / R = 16 / 8 = 2: auto_max_y must be >= 2.
+    fails(validation.validate_auto_mode, spec(**auto, replay__auto_max_y=1.0), match="B / R = 2")
+    validation.validate_auto_mode(spec(**auto, replay__auto_max_y=2.0))
+    validation.validate_auto_mode(spec(train__batch_size=15))  # fixed mode: any B
+
+
+def test_validate_sequence_fits_model():
+    rule = validation.validate_sequence_fits_model
+    fails(rule, spec(rollout__max_new_tokens=23), match="= 33 exceeds model.max_len=32")
+    rule(spec(rollout__max_new_tokens=22))
+
+
+def test_validate_microbatches_with_loss_and_shards():
+    rule = validation.validate_microbatches_with_loss
+    fails(rule, spec(train__num_microbatches=2, loss__name="m2po"), match="m2po")
+    rule(spec(loss__name="m2po"))
+    # B = 16 over 2 microbatches: 8 rows each split over 8 shards, not over 16.
+    validation.validate_microbatches(spec(train__num_microbatches=2), 8)
+    fails(validation.validate_microbatches, spec(train__num_microbatches=2), 16, match="16 data")
+    auto = spec(train__num_microbatches=2, replay__mode="auto")
+    fails(validation.validate_microbatches, auto, 8, match="half of train.batch_size=8")
+
+
+def test_validate_data_shards_and_rollout_batch():
+    fails(validation.validate_data_shards, spec(eval__pass_k_prompts=3), 8, match="=6 is not")
+    fails(validation.validate_rollout_batch, spec(), (16, 1, 1), 16, 1, match="R = prompts")
+    fails(validation.validate_rollout_batch, spec(), (8, 1, 1), 8, 4, match="4 processes")
+    validation.validate_rollout_batch(spec(), (8, 1, 1), 8, 2)
+
+
+def test_validate_heads_split_and_vocab():
+    model = types.SimpleNamespace(num_heads=4, num_kv_heads=2, vocab_size=264)
+    validation.validate_heads_split(spec(), model, (1, 1, 2), 2)
+    rule = validation.validate_heads_split
+    fails(rule, spec(), model, (1, 1, 4), 4, match="num_kv_heads=2 is not divisible by the 4")
+    validation.validate_vocab(model, types.SimpleNamespace(vocab_size=264))
+    fails(validation.validate_vocab, model, types.SimpleNamespace(vocab_size=300), match=">= 300")
+
+
+def test_validate_task_fits():
+    validation.validate_task_fits(spec(), 9, 5)  # 10 and 6 tokens with BOS / EOS
+    fails(validation.validate_task_fits, spec(), 10, 5, match="max_prompt_len=10")
+    fails(validation.validate_task_fits, spec(), 9, 6, match="max_new_tokens=6")
+    validation.validate_task_fits(spec(tokenizer__name="hf"), 100, 100)  # not by characters
