@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
+from replax.hf_tokenizer import HFTokenizer
 from replax.tokenizer import (
     ByteTokenizer,
-    HFTokenizer,
     Tokenizer,
     check_model_vocab,
     decode_completion,
