@@ -1,6 +1,5 @@
 """Tests for replax/tokenizer.py (the HF tokenizer: tests/test_hf_tokenizer.py)."""
 
-
 import numpy as np
 import pytest
 from test_hf_tokenizer import QWEN_CONFIG, _write_chat_dir
