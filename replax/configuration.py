@@ -47,7 +47,7 @@ def make_tokenizer(tokenizer: sections.TokenizerSection, model: sections.ModelSe
     model.checkpoint directory)."""
     if tokenizer.name == "byte":
         return ByteTokenizer()
-    from replax.tokenizer import HFTokenizer
+    from replax.hf_tokenizer import HFTokenizer
 
     path = tokenizer.path or model.checkpoint
     if not path:

@@ -266,7 +266,7 @@ def save_pretrained(
     Stale weight files of an earlier save in `path` are removed.
     tokenizer_dir: its TOKENIZER_FILES that exist are copied, and generation_config.json is
     written: the directory's own, if any, with the bos / pad / stop ids of
-    `tokenizer.HFTokenizer(tokenizer_dir)`. `generation` entries are written over it.
+    `hf_tokenizer.HFTokenizer(tokenizer_dir)`. `generation` entries are written over it.
     Returns the files written.
     """
     from safetensors.numpy import save_file
@@ -309,9 +309,9 @@ def save_pretrained(
 
     gen = None
     if tokenizer_dir is not None:
-        from replax import tokenizer as tokenizer_lib
+        from replax import hf_tokenizer
 
-        tok = tokenizer_lib.HFTokenizer(tokenizer_dir)
+        tok = hf_tokenizer.HFTokenizer(tokenizer_dir)
         for name in TOKENIZER_FILES:
             source = os.path.join(tokenizer_dir, name)
             if os.path.isfile(source) and os.path.abspath(source) != os.path.abspath(

@@ -35,7 +35,7 @@ def _chunk_logprobs_and_entropy(hidden, targets, head, *, scale, vocab_size):
 def chunked_token_logprobs_and_entropy(
     hidden, head, tokens, chunk_size: int, *, scale: float = 1.0, vocab_size: int | None = None
 ):
-    """`model.token_logprobs_and_entropy` of the logits `dense(hidden, head) * scale`
+    """`token_logprobs_and_entropy` of the logits `dense(hidden, head) * scale`
     (vocab-masked like the sampler), computed chunk_size positions at a time.
 
     hidden: [B, T, E] final-normed states (`Transformer(..., return_hidden=True)`), in
@@ -80,3 +80,19 @@ def chunked_token_logprobs_and_entropy(
         return jnp.pad(x, ((0, 0), (1, 0)))
 
     return unchunk(picked), unchunk(entropy)
+
+
+def token_logprobs_and_entropy(logits, tokens):
+    """token_logprobs and the entropy of each next-token distribution (aligned the same
+    way: 0 at t = 0), from one log-softmax over [B, T - 1, V]."""
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return jnp.pad(picked, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
+
+
+def token_logprobs(logits, tokens):
+    """log p(tokens[t] | tokens[<t]) for t >= 1, and 0 at t = 0. logits: [B, T, V]."""
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0)))

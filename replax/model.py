@@ -402,19 +402,3 @@ def unstack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
 def positions_from_mask(mask):
     """Positions for a left-padded batch: 0 at each row's first valid token. mask: [B, T]."""
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
-
-
-def token_logprobs_and_entropy(logits, tokens):
-    """token_logprobs and the entropy of each next-token distribution (aligned the same
-    way: 0 at t = 0), from one log-softmax over [B, T - 1, V]."""
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    return jnp.pad(picked, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
-
-
-def token_logprobs(logits, tokens):
-    """log p(tokens[t] | tokens[<t]) for t >= 1, and 0 at t = 0. logits: [B, T, V]."""
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    return jnp.pad(picked, ((0, 0), (1, 0)))

@@ -194,25 +194,10 @@ def run_loop(
         step_metrics, stats = jax.device_get((step_metrics, stats))
         train_s = time.time() - t1
         loop.skipped_steps += int(step_metrics.pop("skipped"))
-        # ACCOUNTING AND METRICS, in process 0's seconds (auto replay plans by them)
-        gen_s, train_s = (float(t) for t in sharding.from_process_zero(np.array([gen_s, train_s])))
-        _account(account, run, fresh.lengths, gen_s, train_s)
-        kept = int(stats["rollouts_kept"]) if generated else None
-        schedule.observe(
-            gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
+        # ACCOUNTING AND METRICS
+        record = _step_record(
+            run, loop, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
         )
-        record = {
-            "wall_s": time.time() - t_start,
-            **account.as_dict(),
-            "mu_measured": account.mu_measured(),
-            # A step that generates nothing has no reward to report.
-            "reward_mean": fresh.reward_mean,
-            "reward_errors": fresh.reward_errors,
-            "skipped_steps": loop.skipped_steps,
-            **stats,
-            **step_metrics,
-            **schedule.metrics(),
-        }
         loop.step = step + 1
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
@@ -222,19 +207,18 @@ def run_loop(
         tokens_per_s = account.gen_tokens / max(account.gen_s, 1e-9)
         bar.update(loop.step, record["reward_mean"], tokens_per_s, record.get("eval_accuracy"))
         # CHECKPOINT, also when asked to stop (every process agrees on the step)
-        asked = sharding.any_process(stop is not None and stop.requested)
-        stopping = asked or checkpointer.reached_preemption(loop.step)
-        saving = loop.step % c.checkpoint_every == 0 or last or stopping
-        if saving and not train_step_lib.all_finite(train_state):
-            log(f"step {loop.step}: the train state is not finite; no checkpoint written")
-        elif saving:
-            checkpointer.save(
-                loop.step,
-                train_state=train_state,
-                replay_state=replay_state,
-                loop_state=loop.state_dict(wall_s=time.time() - t_start),
-                data_iterator=prompt_iter,
-            )
+        stopping = _checkpoint_if_due(
+            run,
+            checkpointer,
+            loop,
+            train_state,
+            replay_state,
+            prompt_iter,
+            stop,
+            last,
+            t_start,
+            log,
+        )
         if last or stopping:
             break
     bar.close()
@@ -251,6 +235,64 @@ def run_loop(
         "wall_s": time.time() - t_start,
         **account.as_dict(),
     }
+
+
+def _step_record(
+    run: Run, loop: LoopState, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
+):
+    """The metrics of one loop step, after accounting its cost and telling the schedule
+    what it took; seconds are process 0's on every process (auto replay plans by them)."""
+    account, schedule = loop.account, loop.schedule
+    gen_s, train_s = (float(t) for t in sharding.from_process_zero(np.array([gen_s, train_s])))
+    _account(account, run, fresh.lengths, gen_s, train_s)
+    kept = int(stats["rollouts_kept"]) if generated else None
+    schedule.observe(
+        gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
+    )
+    return {
+        "wall_s": time.time() - t_start,
+        **account.as_dict(),
+        "mu_measured": account.mu_measured(),
+        # A step that generates nothing has no reward to report.
+        "reward_mean": fresh.reward_mean,
+        "reward_errors": fresh.reward_errors,
+        "skipped_steps": loop.skipped_steps,
+        **stats,
+        **step_metrics,
+        **schedule.metrics(),
+    }
+
+
+def _checkpoint_if_due(
+    run: Run,
+    checkpointer,
+    loop: LoopState,
+    train_state,
+    replay_state,
+    prompt_iter,
+    stop,
+    last,
+    t_start,
+    log,
+) -> bool:
+    """Saves the step just finished when it is due, the last one, or the run is asked to
+    stop (by `stop` on any process, or by the checkpointer's preemption notice); never from
+    a non-finite state. Returns whether the run stops here."""
+    c = run.spec
+    asked = sharding.any_process(stop is not None and stop.requested)
+    stopping = asked or checkpointer.reached_preemption(loop.step)
+    saving = loop.step % c.checkpoint_every == 0 or last or stopping
+    if saving and not train_step_lib.all_finite(train_state):
+        log(f"step {loop.step}: the train state is not finite; no checkpoint written")
+    elif saving:
+        checkpointer.save(
+            loop.step,
+            train_state=train_state,
+            replay_state=replay_state,
+            loop_state=loop.state_dict(wall_s=time.time() - t_start),
+            data_iterator=prompt_iter,
+        )
+    return stopping
 
 
 def _silent(*args, **kwargs) -> None:

@@ -23,6 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from replax import logprobs as logprobs_lib
 from replax import model as model_lib
 from replax import sharding
 from replax import tokenizer as tokenizer_lib
@@ -81,7 +82,7 @@ def make_sft_step(model, optimizer, mesh, rules, state_shardings):
         logits = model.apply(
             {"params": params}, batch["tokens"], positions, batch["attention_mask"]
         )
-        logprobs = model_lib.token_logprobs(logits, batch["tokens"])
+        logprobs = logprobs_lib.token_logprobs(logits, batch["tokens"])
         mask = batch["loss_mask"]
         return -jnp.sum(logprobs * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 

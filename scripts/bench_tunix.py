@@ -1,13 +1,13 @@
 r"""Replax against Tunix on one shape, back to back: rollout and GRPO train-step tokens/s.
 
-  /work/tunixvenv/bin/python scripts/bench_tunix.py --out=/tmp/bench_tunix.json
+  "$TUNIX_VENV"/bin/python scripts/bench_tunix.py --out=bench_tunix.json
 
 A machine too small for that shape takes flags, e.g. (2 shared CPU cores):
 
-  /work/tunixvenv/bin/python scripts/bench_tunix.py --out=/tmp/bench_tunix.json \
+  "$TUNIX_VENV"/bin/python scripts/bench_tunix.py --out=bench_tunix.json \
       --layers=4 --prompts=1 --prompt_len=64 --new_tokens=128 --train_batch=8
 
-/work/tunixvenv: `pip install --no-deps google-tunix==0.1.7`, then its requirements with
+$TUNIX_VENV (any directory): `pip install --no-deps google-tunix==0.1.7`, then its requirements with
 jax, jaxlib 0.10.2, flax 0.12.8 and optax 0.2.8 pinned to replax's (transformers,
 datasets, kagglehub and tensorflow-datasets left out: the modules used here do not import
 them), and pandas.
@@ -16,7 +16,7 @@ Issue #16 asks for rollout tokens/s >= 2x Tunix's vanilla sampler and train-step
 >= 1.3x Tunix's GRPO step at about 100M parameters (12 layers, d_model 768, vocabulary
 32k; prompt 128 tokens, G = 8, 256 new tokens, 64 rollouts), the defaults here. Both
 sides run in this one process (the same jax, jaxlib, flax and optax), random fp32
-weights, on whatever devices jax sees; /work/tunixvenv holds google-tunix and replax is
+weights, on whatever devices jax sees; the virtualenv holds google-tunix and replax is
 put on the path from this checkout.
 
 Rollout: `--prompts` prompts of `--prompt_len` random tokens, `--group` samples each,

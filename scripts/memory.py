@@ -90,12 +90,6 @@ def parse_args(argv):
     p.add_argument("--attention", default="", help="model.attention ('' = the default)")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype (params stay float32)")
     p.add_argument("--state_dtype", default="", help="optimizer state dtype ('' = default)")
-    p.add_argument(
-        "--mixed_precision",
-        type=int,
-        default=0,
-        help="1: the train step casts the whole param tree at once (the model casts per layer)",
-    )
     p.add_argument("--microbatches", type=int, default=1)
     p.add_argument("--chunk", type=int, default=0, help="logits_chunk_size (0: step default)")
     p.add_argument("--hlo", type=int, default=0, help="1: also count the compiled HLO's text")
@@ -193,7 +187,6 @@ def compile_step(
     mesh_shape,
     microbatches: int = 1,
     chunk: int = 0,
-    mixed_precision: bool = False,
     state_dtype: str = "",
     hlo: bool = False,
 ) -> dict:
@@ -229,7 +222,6 @@ def compile_step(
     options = (
         ("num_microbatches", microbatches, 1),
         ("logits_chunk_size", chunk, 0),
-        ("mixed_precision", mixed_precision, False),
     )
     for name, value, off in options:
         if name in accepted:
@@ -282,7 +274,6 @@ def figures(args, *, layers, batch, vocab, microbatches=None) -> dict:
         mesh_shape=args.mesh,
         microbatches=args.microbatches if microbatches is None else microbatches,
         chunk=args.chunk,
-        mixed_precision=bool(args.mixed_precision),
         state_dtype=args.state_dtype,
         hlo=bool(args.hlo),
     )

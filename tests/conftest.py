@@ -6,3 +6,25 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+from replax.model_config import ModelConfig  # noqa: E402
+
+# The tiny policy most model-level tests run: 2 layers, grouped kv heads (4 query heads
+# over 2), heads x head_dim = d_model. Tests that need another shape say why beside it.
+TINY = ModelConfig(
+    vocab_size=64,
+    num_layers=2,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    max_len=16,
+)
+
+
+@pytest.fixture
+def tiny_config() -> ModelConfig:
+    return TINY

@@ -72,11 +72,11 @@ def test_weights_equal_transformers_gguf_loader(converted):
 def test_tokenizer_matches_transformers_gguf_tokenizer(converted):
     transformers = pytest.importorskip("transformers")
     tokenizers = pytest.importorskip("tokenizers")
-    from replax import tokenizer as tokenizer_lib
+    from replax import hf_tokenizer
 
     source = assets.smollm2_gguf()
     auto = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    ours = tokenizer_lib.HFTokenizer(converted)
+    ours = hf_tokenizer.HFTokenizer(converted)
     library = tokenizers.Tokenizer.from_file(str(converted / "tokenizer.json"))
     assert (ours.bos_id, ours.eos_id, ours.pad_id) == (1, 2, 2)
     assert (auto.bos_token_id, auto.eos_token_id, auto.pad_token_id) == (1, 2, 2)

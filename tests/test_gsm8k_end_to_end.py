@@ -57,8 +57,9 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def data(checkpoint, tmp_path_factory):
     """A directory with train.jsonl and test.jsonl: real GSM8K test records."""
+    from replax.hf_tokenizer import HFTokenizer
     from replax.tasks.math import GSM8K_INSTRUCTION
-    from replax.tokenizer import HFTokenizer, format_prompt
+    from replax.tokenizer import format_prompt
 
     tokenizer = HFTokenizer(str(checkpoint))
     fits = [
@@ -197,7 +198,8 @@ def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, data, d
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     from replax import sampler as sampler_lib
-    from replax.tokenizer import HFTokenizer, encode_prompts
+    from replax.hf_tokenizer import HFTokenizer
+    from replax.tokenizer import encode_prompts
 
     tokenizer = HFTokenizer(str(out))
     question = assets.read_jsonl(data / "test.jsonl")[0]["question"]

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from replax import logprobs as logprobs_lib
 from replax import model as model_lib
 from replax.logprobs import chunked_token_logprobs_and_entropy
 from replax.sampling import mask_vocab
@@ -21,7 +22,7 @@ BATCH, LENGTH, EMBED, VOCAB = 3, 12, 8, 10
 def unchunked(hidden, head, tokens, scale, vocab_size):
     """Today's train step: the whole [B, T, V] logits, one log-softmax."""
     logits = model_lib.dense(hidden, head).astype(jnp.float32) * scale
-    return model_lib.token_logprobs_and_entropy(mask_vocab(logits, vocab_size), tokens)
+    return logprobs_lib.token_logprobs_and_entropy(mask_vocab(logits, vocab_size), tokens)
 
 
 def inputs(seed=0):

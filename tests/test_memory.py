@@ -28,7 +28,7 @@ memory = _load_memory()
 
 # The target configuration: layers under nn.scan, full remat, float32 master weights
 # with bfloat16 compute.
-TARGET_FLAGS = ("--scan=1", "--remat=full", "--dtype=bfloat16", "--mixed_precision=0")
+TARGET_FLAGS = ("--scan=1", "--remat=full", "--dtype=bfloat16")
 # 7B-shaped layers at T = 2048 on an 8-way fsdp mesh.
 SEVEN_B = TARGET_FLAGS + ("--shape=7b", "--seq=2048", "--mesh=1,8,1")
 

@@ -9,21 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY
 from jax.sharding import PartitionSpec as P
 
 from replax import attention, sharding
 from replax import model as model_lib
 
-TINY = model_lib.ModelConfig(
-    vocab_size=64,
-    num_layers=2,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    max_len=16,
-)
 VARIANTS = {
     "base": {},
     "qkv_bias": {"qkv_bias": True},

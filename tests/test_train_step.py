@@ -12,8 +12,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from replax import gradients, objectives, sharding
+from replax import logprobs as logprobs_lib
 from replax import model as model_lib
-from replax import objectives, sharding
 from replax import train_step as train_step_lib
 
 # Tiny policy; heads, kv heads, MLP, vocabulary and d_model all split over 2 devices.
@@ -70,7 +71,7 @@ def current_logprobs(params, batch, temperature=1.0):
     """The policy's own log-probs of the batch's tokens at the sampling temperature."""
     positions = model_lib.positions_from_mask(batch["attention_mask"])
     logits = MODEL.apply({"params": params}, batch["tokens"], positions, batch["attention_mask"])
-    return np.asarray(model_lib.token_logprobs(logits / temperature, batch["tokens"]))
+    return np.asarray(logprobs_lib.token_logprobs(logits / temperature, batch["tokens"]))
 
 
 def build(mesh_shape, devices=None, params=None, temperature=1.0):
@@ -176,9 +177,7 @@ def test_the_layerwise_update_norm_is_the_norm_of_the_whole_update(model):
     # A second step, so that Adam's moments are not zero.
     _, opt_state = OPTIMIZER.update(grads, state.opt_state, state.params)
     expected = optax.tree_utils.tree_norm(OPTIMIZER.update(grads, opt_state, state.params)[0])
-    got = train_step_lib.layerwise_update_norm(
-        OPTIMIZER, grads, opt_state, state.params, grad_clip=1.0
-    )
+    got = gradients.layerwise_update_norm(OPTIMIZER, grads, opt_state, state.params, grad_clip=1.0)
     # Only its finiteness is used; the layers sum their squares in another order.
     np.testing.assert_allclose(float(got), float(expected), rtol=1e-5)
 
@@ -273,7 +272,7 @@ def test_half_batch_gradient_stats_against_numpy():
         grads = jax.grad(lambda w: jnp.mean(half["features"] @ w))(w)
         return grads, {"loss_max": jnp.max(half["features"]), "loss": jnp.mean(half["features"])}
 
-    grads, metrics, stats = jax.jit(train_step_lib.half_batch_gradient_stats, static_argnums=0)(
+    grads, metrics, stats = jax.jit(gradients.half_batch_gradient_stats, static_argnums=0)(
         grad_fn, jnp.zeros(3), batch
     )
     order = np.argsort(age, kind="stable")
@@ -510,17 +509,16 @@ def _bf16_model(param_dtype):
     return model_lib.Transformer(config)
 
 
-def test_mixed_precision_applies_updates_that_bfloat16_params_lose():
-    """Adam at lr 1e-6 moves each weight by ~1e-6: kept by float32 master weights, lost to
-    rounding (bf16 keeps 8 significant bits) when the params themselves are bfloat16."""
+def test_float32_master_weights_keep_updates_that_bfloat16_params_lose():
+    """Adam at lr 1e-6 moves each weight by ~1e-6: kept by float32 master weights (each
+    layer casts its own weights to the bfloat16 compute dtype), lost to rounding (bf16
+    keeps 8 significant bits) when the params themselves are bfloat16."""
     adam = train_step_lib.make_optimizer(
         train_step_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
     )
     changed = {}
     for param_dtype in ("float32", "bfloat16"):
-        state, step = build_with(
-            {"mixed_precision": True}, model=_bf16_model(param_dtype), optimizer=adam
-        )
+        state, step = build_with({}, model=_bf16_model(param_dtype), optimizer=adam)
         before = jax.device_get(state.params)
         after, (metrics,) = run_steps(state, step, seeds=(1,))
         assert metrics["skipped"] == 0 and metrics["grad_norm"] > 0
@@ -531,39 +529,13 @@ def test_mixed_precision_applies_updates_that_bfloat16_params_lose():
     assert changed["bfloat16"] < 0.01, changed
 
 
-def test_mixed_precision_casts_each_param_on_its_own_sharding():
-    """Before any use, every float32 master weight is cast to bfloat16 under a sharding
-    constraint equal to its own sharding: the cast is local and what an FSDP all-gather
-    moves is bfloat16."""
-    model = _bf16_model("float32")
-    state, step = build_with({"mixed_precision": True}, model=model)
-    mesh = sharding.make_mesh((2, 2, 2))
-    with sharding.activation_rules(mesh, RULES):
-        jaxpr = jax.make_jaxpr(step.jitted)(state, make_batch(0))
-
-    def constraints(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "sharding_constraint":
-                yield eqn
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                yield from constraints(sub)
-
-    casts = {
-        (eqn.outvars[0].aval.shape, eqn.params["sharding"].spec)
-        for eqn in constraints(jaxpr.jaxpr)
-        if eqn.outvars[0].aval.dtype == jnp.bfloat16
-    }
-    for param in jax.tree.leaves(state.params):
-        assert (param.shape, param.sharding.spec) in casts, (param.shape, param.sharding.spec)
-
-
-def test_mixed_precision_without_microbatches_matches_with(initial_params):
+def test_bfloat16_compute_without_microbatches_matches_with(initial_params):
     """Float32 master weights, bfloat16 compute: 2 microbatches give the same step up to
     bfloat16 rounding of the gradients."""
     model = _bf16_model("float32")
     common = dict(model=model, params=initial_params)
-    expected = run_steps(*build_with({"mixed_precision": True}, **common), seeds=(1,))
-    options = {"mixed_precision": True, "num_microbatches": 2, "logits_chunk_size": 4}
+    expected = run_steps(*build_with({}, **common), seeds=(1,))
+    options = {"num_microbatches": 2, "logits_chunk_size": 4}
     got = run_steps(*build_with(options, **common), seeds=(1,))
     assert_same_steps(got, expected, tol=2e-2)
 

@@ -1,12 +1,12 @@
 """flashbax 0.1.3 replay-buffer add / sample latency for replax's item layout.
 
 Baseline venv (kept apart from the project's .venv; CPU jax):
-    python3 -m venv /work/baselines/venv
-    /work/baselines/venv/bin/pip install google-tunix==0.1.7 flashbax==0.1.3 \
+    python3 -m venv "$BASELINE_VENV"  # any directory
+    "$BASELINE_VENV"/bin/pip install google-tunix==0.1.7 flashbax==0.1.3 \
         jax==0.10.2 jaxlib==0.10.2 flax==0.12.8 optax==0.2.8
 (flashbax alone needs only `pip install flashbax==0.1.3`, which brings chex.)
 Run:
-    /work/baselines/venv/bin/python scripts/baselines/flashbax_buffer.py [--calls=300]
+    "$BASELINE_VENV"/bin/python scripts/baselines/flashbax_buffer.py [--calls=300]
 
 Item: tokens int32[160], logprobs f32[160], mask f32[160], reward f32,
 advantage f32, version int32. Each add writes 64 items, each sample draws 64

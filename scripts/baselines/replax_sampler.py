@@ -19,11 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import bench  # noqa: E402  (scripts/bench.py: the reference model of the benchmark)
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from benchmarks.common import reference_model_config  # noqa: E402  (scripts/benchmarks)
 
 from replax import model as model_lib  # noqa: E402
 from replax import sampler as sampler_lib  # noqa: E402
@@ -33,7 +33,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    config = bench.reference_model_config()
+    config = reference_model_config()
     dummy = jnp.zeros((1, 1), jnp.int32)
     params = nn.unbox(model_lib.Transformer(config).init(jax.random.key(0), dummy, dummy))
     params = params["params"]

@@ -4,16 +4,19 @@
 # last line gives, per pair at batch 64, replax / Tunix in wall tokens/s and in tokens
 # per process CPU-second, and their medians.
 #   bash scripts/baselines/sampler_vs_tunix.sh [TUNIX_VENV_PYTHON] [PAIRS]
+# TUNIX_VENV_PYTHON (or $BASELINE_PYTHON): the python of the baseline virtualenv (see
+# tunix_sampler.py's docstring); REPLAX_PYTHON: replax's (default .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TUNIX_PY=${1:-/work/baselines/venv/bin/python}
+TUNIX_PY=${1:-${BASELINE_PYTHON:?give the baseline virtualenv python as the first argument or BASELINE_PYTHON}}
 PAIRS=${2:-3}
+REPLAX_PY=${REPLAX_PYTHON:-.venv/bin/python}
 log=$(mktemp)
 for _ in $(seq "$PAIRS"); do
   echo "tunix  $("$TUNIX_PY" scripts/baselines/tunix_sampler.py --repeats=5 | tail -1)" | tee -a "$log"
-  echo "replax $(.venv/bin/python scripts/baselines/replax_sampler.py --repeats=5 | tail -1)" | tee -a "$log"
+  echo "replax $("$REPLAX_PY" scripts/baselines/replax_sampler.py --repeats=5 | tail -1)" | tee -a "$log"
 done
-.venv/bin/python - "$log" <<'PY'
+"$REPLAX_PY" - "$log" <<'PY'
 import json, statistics, sys
 rows = [line.split(" ", 1) for line in open(sys.argv[1])]
 tunix = [json.loads(r) for name, r in rows if name == "tunix"]

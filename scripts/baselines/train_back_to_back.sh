@@ -1,7 +1,11 @@
 #!/bin/bash
 # replax's train step against Tunix's GRPO train step, alternated in the same time window.
 #
-#   scripts/baselines/train_back_to_back.sh [ROUNDS] [OUT_DIR]
+#   BASELINE_PYTHON=VENV/bin/python scripts/baselines/train_back_to_back.sh [ROUNDS] [OUT_DIR]
+#
+# BASELINE_PYTHON: the python of the baseline virtualenv (see tunix_grpo_step.py's
+# docstring); REPLAX_PYTHON: replax's (default .venv/bin/python); OUT_DIR: default a new
+# temporary directory.
 #
 # Each round runs `scripts/bench.py --only=train` (the project's .venv) and then
 # tunix_grpo_step.py (the baseline venv, see its docstring) on the same shape: batch 64 x
@@ -10,17 +14,18 @@
 # tokens/s; each line ends with the load average before and after.
 set -euo pipefail
 ROUNDS=${1:-3}
-OUT=${2:-/tmp/train_back_to_back}
+OUT=${2:-$(mktemp -d)}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BASELINE_PYTHON=${BASELINE_PYTHON:-/work/baselines/venv/bin/python}
+BASELINE_PYTHON=${BASELINE_PYTHON:?set BASELINE_PYTHON to the baseline virtualenv python}
+REPLAX_PYTHON=${REPLAX_PYTHON:-.venv/bin/python}
 mkdir -p "$OUT"
 cd "$ROOT"
 for round in $(seq "$ROUNDS"); do
-  .venv/bin/python scripts/bench.py --only=train --repeats=5 --out="$OUT/replax_$round.json" \
+  "$REPLAX_PYTHON" scripts/bench.py --only=train --repeats=5 --out="$OUT/replax_$round.json" \
     > /dev/null
   (cd scripts/baselines && "$BASELINE_PYTHON" tunix_grpo_step.py --steps=5 2> /dev/null) \
     | tail -1 > "$OUT/tunix_$round.json"
-  .venv/bin/python - "$OUT/replax_$round.json" "$OUT/tunix_$round.json" << 'EOF'
+  "$REPLAX_PYTHON" - "$OUT/replax_$round.json" "$OUT/tunix_$round.json" << 'EOF'
 import json, sys
 
 ours, tunix = (json.load(open(path)) for path in sys.argv[1:])

@@ -1,11 +1,11 @@
 """Tunix GRPO training-step throughput on the replax benchmark reference model.
 
 Baseline venv (kept apart from the project's .venv; CPU jax):
-    python3 -m venv /work/baselines/venv
-    /work/baselines/venv/bin/pip install google-tunix==0.1.7 flashbax==0.1.3 \
+    python3 -m venv "$BASELINE_VENV"  # any directory
+    "$BASELINE_VENV"/bin/pip install google-tunix==0.1.7 flashbax==0.1.3 \
         jax==0.10.2 jaxlib==0.10.2 flax==0.12.8 optax==0.2.8
 Run:
-    /work/baselines/venv/bin/python scripts/baselines/tunix_grpo_step.py [--steps=7]
+    "$BASELINE_VENV"/bin/python scripts/baselines/tunix_grpo_step.py [--steps=7]
 
 Model: tunix Llama3 at the reference shape (see tunix_sampler.py), fp32.
 Timed: the jitted train step of Tunix's actor trainer, built the way RLCluster

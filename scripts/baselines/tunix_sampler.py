@@ -1,11 +1,11 @@
 """Tunix vanilla JAX sampler throughput on the replax benchmark reference model.
 
 Baseline venv (kept apart from the project's .venv; CPU jax):
-    python3 -m venv /work/baselines/venv
-    /work/baselines/venv/bin/pip install google-tunix==0.1.7 flashbax==0.1.3 \
+    python3 -m venv "$BASELINE_VENV"  # any directory
+    "$BASELINE_VENV"/bin/pip install google-tunix==0.1.7 flashbax==0.1.3 \
         jax==0.10.2 jaxlib==0.10.2 flax==0.12.8 optax==0.2.8
 Run:
-    /work/baselines/venv/bin/python scripts/baselines/tunix_sampler.py [--repeats=7]
+    "$BASELINE_VENV"/bin/python scripts/baselines/tunix_sampler.py [--repeats=7]
 
 Model: tunix.models.llama3.model.Llama3, randomly initialised, with a ModelConfig
 set to the reference shape (vocab 512, 4 layers, d_model 256, 4 heads, 2 kv heads,
