@@ -161,11 +161,37 @@ def get_config(
     """The run's config for `task` ('gsm8k' or 'math') and variant `arg`; the lengths and
     the replay variant's step counts (on-policy takes half) come from the task's file."""
     variant = parse_variant(arg)
-    model = MODELS[variant["model"]]
-    onpolicy = variant["algorithm"] == "onpolicy"
     pod = variant["hardware"] == "pod"
-    r = _REPLAY_R[variant["hardware"]]
-    steps = pod_steps if pod else host_steps
+    return make_config(
+        task,
+        MODELS[variant["model"]],
+        onpolicy=variant["algorithm"] == "onpolicy",
+        replay_rollouts=_REPLAY_R[variant["hardware"]],
+        replay_steps=pod_steps if pod else host_steps,
+        max_prompt_len=max_prompt_len,
+        max_new_tokens=max_new_tokens,
+        mesh_shape=(-1, MODELS[variant["model"]].pod_fsdp, 1) if pod else (1, -1, 1),
+        num_microbatches=4 if pod else 8,
+    )
+
+
+def make_config(
+    task: str,
+    model: Model,
+    *,
+    onpolicy: bool,
+    replay_rollouts: int,
+    replay_steps: int,
+    max_prompt_len: int,
+    max_new_tokens: int,
+    mesh_shape: tuple[int, int, int],
+    num_microbatches: int,
+) -> ml_collections.ConfigDict:
+    """The config of one real-model run: `model` on `task` ('gsm8k' or 'math'), the replay
+    variant's R = replay_rollouts and step count, or on-policy's (R = B = N = y R_replay,
+    half the steps: the same generated rollouts). Other config files (configs/smollm2.py)
+    build on it and change what their hardware or task needs."""
+    r, steps = replay_rollouts, replay_steps
     # Evaluate 10 times and checkpoint 5 times a run, whatever its length.
     eval_every, checkpoint_every = steps // 10, steps // 5
     if onpolicy:  # R = B: twice the fresh rollouts a step, half the steps, same rollouts
@@ -213,7 +239,7 @@ def get_config(
     # Device mesh (data, fsdp, tensor). Host: params, Adam state, batch and buffer split
     # over every chip. Pod: fsdp chips hold one copy of the state, -1 copies take the rest.
     c.mesh = ml_collections.ConfigDict()
-    c.mesh.shape = (-1, model.pod_fsdp, 1) if pod else (1, -1, 1)
+    c.mesh.shape = tuple(mesh_shape)
     # Logical axis -> mesh axes (batch and buffer over data x fsdp, embed over fsdp).
     c.mesh.rules = DEFAULT_RULES
 
@@ -282,7 +308,7 @@ def get_config(
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = r if onpolicy else REPLAY_Y * r
     # Gradient accumulation inside the compiled step: B / M rows a pass, one update.
-    c.train.num_microbatches = 4 if pod else 8
+    c.train.num_microbatches = num_microbatches
     # Log-probs and entropy this many positions at a time: never [B, T, vocab] logits.
     c.train.logits_chunk_size = 256
 
