@@ -227,11 +227,38 @@ def get_config(
     """The run's config for `task` ('gsm8k' or 'math') and variant `arg`; the lengths and
     the replay variant's step counts (on-policy takes half) come from the task's file."""
     variant = parse_variant(arg)
-    model = MODELS[variant["model"]]
-    onpolicy = variant["algorithm"] == "onpolicy"
     pod = variant["hardware"] == "pod"
-    r = _REPLAY_R[variant["hardware"]]
-    steps = pod_steps if pod else host_steps
+    model = MODELS[variant["model"]]
+    return make_config(
+        task,
+        model,
+        onpolicy=variant["algorithm"] == "onpolicy",
+        replay_rollouts=_REPLAY_R[variant["hardware"]],
+        replay_steps=pod_steps if pod else host_steps,
+        max_prompt_len=max_prompt_len,
+        max_new_tokens=max_new_tokens,
+        mesh_shape=(-1, model.pod_fsdp, 1) if pod else (1, -1, 1),
+        num_microbatches=4 if pod else 8,
+    )
+
+
+def make_config(
+    task: str,
+    model: Model,
+    *,
+    onpolicy: bool,
+    replay_rollouts: int,
+    replay_steps: int,
+    max_prompt_len: int,
+    max_new_tokens: int,
+    mesh_shape: tuple[int, int, int],
+    num_microbatches: int,
+) -> ml_collections.ConfigDict:
+    """The config of one real-model run: `model` on `task` ('gsm8k' or 'math'), the replay
+    variant's R = replay_rollouts and step count, or on-policy's (R = B = N = y R_replay,
+    half the steps: the same generated rollouts). Other config files (configs/smollm2.py)
+    build on it and change what their hardware or task needs."""
+    r, steps = replay_rollouts, replay_steps
     # Evaluate 10 times and checkpoint 5 times a run, whatever its length.
     eval_every, checkpoint_every = steps // 10, steps // 5
     if onpolicy:  # R = B: twice the fresh rollouts a step, half the steps, same rollouts
@@ -249,7 +276,7 @@ def get_config(
 
     # Device mesh (data, fsdp, tensor). Host: params, Adam state, batch and buffer split
     # over every chip. Pod: fsdp chips hold one copy of the state, -1 copies take the rest.
-    c.mesh = common.mesh((-1, model.pod_fsdp, 1) if pod else (1, -1, 1))
+    c.mesh = common.mesh(tuple(mesh_shape))
 
     c.task = _task_section(task, model)
 
@@ -280,7 +307,7 @@ def get_config(
     # time: never [B, T, vocab] logits.
     c.train = common.train(
         batch_size=r if onpolicy else REPLAY_Y * r,
-        num_microbatches=4 if pod else 8,
+        num_microbatches=num_microbatches,
         logits_chunk_size=256,
     )
     c.optimizer = common.optimizer(learning_rate=model.learning_rate)

@@ -281,3 +281,28 @@ def test_missing_or_malformed_data_is_one_line_before_any_compute(name, checkpoi
     with pytest.raises(ConfigError) as error:
         configuration.validate(c)
     assert str(error.value) == f"task.data_path={str(empty)!r}: {empty} is empty (no examples)"
+
+
+def test_smollm2_config_builds_and_its_variants_generate_the_same_rollouts(checkpoint, tmp_path):
+    """configs/smollm2.py passes the config checks against the stand-in checkpoint (its
+    word-problem task through the stand-in's chat template); on-policy is N = B = R over
+    the replay variant's rollouts; a missing model directory is one line naming the key."""
+    runs = {v: load("smollm2", v) for v in ("replay", "onpolicy")}
+    assert load("smollm2").to_dict() == runs["replay"].to_dict()
+    for c in runs.values():
+        assert c.model.checkpoint.endswith(os.path.join("runs", "smollm2-135m-instruct"))
+        c.model.checkpoint = checkpoint
+        configuration.validate(c)
+        assert c.task.name == "word_problems" and c.model.dtype == "float32"
+    replay, onpolicy = runs["replay"], runs["onpolicy"]
+    r = replay.rollout.prompts_per_step * replay.rollout.group_size
+    assert (r, replay.train.batch_size, replay.replay.capacity) == (16, 32, 128)
+    r_on = onpolicy.rollout.prompts_per_step * onpolicy.rollout.group_size
+    assert r_on == onpolicy.train.batch_size == onpolicy.replay.capacity == 32
+    assert replay.total_steps * r == onpolicy.total_steps * r_on
+    assert onpolicy.replay.strategy == "uniform_no_replacement"
+    missing = load("smollm2")
+    missing.model.checkpoint = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="model.checkpoint") as error:
+        configuration.validate(missing)
+    assert "\n" not in str(error.value)

@@ -114,7 +114,7 @@ def _register_builtin() -> None:
     if _BUILTIN_REGISTERED:
         return
     _BUILTIN_REGISTERED.append(True)
-    from replax.tasks import arith, math
+    from replax.tasks import arith, math, word_problems
 
     builtin = {
         "arith": arith.make_arith_task,
@@ -122,6 +122,7 @@ def _register_builtin() -> None:
         "arith_easy": lambda **kw: arith.ArithTask(arith.EASY, **kw),
         "gsm8k": lambda **kw: math.MathTask(name="gsm8k", **kw),
         "math": lambda **kw: math.MathTask(name="math", **kw),
+        "word_problems": word_problems.make_word_problem_task,
     }
     for name, factory in builtin.items():
         _REGISTRY.setdefault(name, factory)  # a user's registration wins
