@@ -21,9 +21,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import assets  # noqa: E402
+from test_parity import _logits, _torch_logits  # noqa: E402
 
 from replax import hf, hf_tokenizer  # noqa: E402
-from replax import model as model_lib  # noqa: E402
 from replax import sampler as sampler_lib  # noqa: E402
 from replax import tokenizer as tokenizer_lib  # noqa: E402
 from replax.tasks.math import GSM8K_INSTRUCTION  # noqa: E402
@@ -63,24 +63,6 @@ def prompts(smollm2):
     ]
     longest = max(len(tokenizer.encode(t)) for t in texts)
     return tokenizer_lib.encode_prompts(tokenizer, texts, longest)
-
-
-def _logits(config, params, tokens, mask):
-    positions = model_lib.positions_from_mask(jnp.asarray(mask))
-    return np.asarray(
-        jax.jit(model_lib.Transformer(config).apply)(
-            {"params": params}, jnp.asarray(tokens), positions, jnp.asarray(mask)
-        )
-    )
-
-
-def _torch_logits(model, tokens, mask):
-    tokens, mask = torch.tensor(np.asarray(tokens)), torch.tensor(np.asarray(mask))
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        return model(
-            input_ids=tokens.long(), attention_mask=mask.long(), position_ids=positions
-        ).logits.numpy()
 
 
 def _log_softmax_at(logits, tokens):
