@@ -122,7 +122,7 @@ def _register_builtin() -> None:
         "arith_easy": lambda **kw: arith.ArithTask(arith.EASY, **kw),
         "gsm8k": lambda **kw: math.MathTask(name="gsm8k", **kw),
         "math": lambda **kw: math.MathTask(name="math", **kw),
-        "word_problems": word_problems.make_word_problem_task,
+        "word_problems": word_problems.WordProblemTask,
     }
     for name, factory in builtin.items():
         _REGISTRY.setdefault(name, factory)  # a user's registration wins

@@ -297,25 +297,3 @@ class WordProblemTask(Task):
             f"system_prompt={self.system_prompt!r}, instruction={self.instruction!r}, "
             f"tokenizer={self.tokenizer!r})"
         )
-
-
-def make_word_problem_task(
-    *,
-    steps: tuple[int, ...] = (1, 2),
-    max_number: int = 20,
-    test_fraction: float = 0.1,
-    prompt_format: str = "instruct",
-    tokenizer=None,
-    system_prompt: str | None = None,
-    instruction: str | None = None,
-) -> WordProblemTask:
-    """The registered task `word_problems`: config keys task.steps ... task.instruction."""
-    return WordProblemTask(
-        steps=steps,
-        max_number=max_number,
-        test_fraction=test_fraction,
-        prompt_format=prompt_format,
-        tokenizer=tokenizer,
-        system_prompt=system_prompt,
-        instruction=instruction,
-    )
