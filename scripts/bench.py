@@ -53,6 +53,8 @@ Groups:
            sampler's roofline); train_cpu_s is the median process CPU seconds per step and
            train_mfu_cpu the same ratio per CPU-second of this process (step FLOPs / its CPU
            seconds over the matmul's FLOPs per CPU-second), which other load barely moves.
+  hand_tuned  (only with --only) the hand-written pieces against their plain jax forms,
+           back to back: see scripts/benchmarks/hand_tuned.py.
 Reference model (design.md): vocab 512, 4 layers, d_model 256, 4 heads, 2 kv heads,
 head_dim 64, MLP 1024, fp32; prompt 16 tokens, 64 new tokens.
 """
@@ -64,12 +66,15 @@ import time
 
 from absl import app, flags
 from benchmarks.common import bench_machine
+from benchmarks.hand_tuned import bench_hand_tuned
 from benchmarks.replay import bench_replay
 from benchmarks.sampling import bench_sampler, bench_top_p
 from benchmarks.train import bench_train
 
 _OUT = flags.DEFINE_string("out", None, "Write the JSON object to this file.")
-_ONLY = flags.DEFINE_list("only", None, "Comma-separated groups to run (default: all).")
+_ONLY = flags.DEFINE_list(
+    "only", None, "Comma-separated groups to run (default: all but hand_tuned)."
+)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per measurement (median).")
 
 GROUPS = {
@@ -78,14 +83,16 @@ GROUPS = {
     "top_p": bench_top_p,
     "replay": bench_replay,
     "train": bench_train,
+    "hand_tuned": bench_hand_tuned,
 }
+DEFAULT_GROUPS = ["machine", "sampler", "top_p", "replay", "train"]
 
 
 def main(argv):
     del argv
     import jax
 
-    only = _ONLY.value or list(GROUPS)
+    only = _ONLY.value or DEFAULT_GROUPS
     unknown = [g for g in only if g not in GROUPS]
     if unknown:
         print(f"error: --only={','.join(unknown)}: allowed are {','.join(GROUPS)}", file=sys.stderr)
