@@ -244,29 +244,50 @@ def ensure_run(
         return json.load(f)
 
 
-def evaluate_checkpoint(spec: spec_lib.RunSpec, workdir: str) -> dict[str, Any]:
+def evaluate_checkpoint(
+    spec: spec_lib.RunSpec, workdir: str, step: int | None = None, warn=None
+) -> dict[str, Any]:
     """The run's held-out evaluation (greedy accuracy, pass@k at temperature 1, entropy;
-    the sizes in spec.eval) of its latest checkpoint, with the evaluation key 0. Builds
-    the run and reads its data; never reruns a warm start."""
-    import jax
-
+    the sizes in spec.eval) of its latest sealed checkpoint whose files match their
+    checksums, or of `step` (ConfigError, naming the sealed ones, if it is not one), with
+    the evaluation key 0. `warn` (default stderr) gets a line for each newer checkpoint
+    passed over. Builds the run and reads its data; never reruns a warm start."""
     from replax import checkpoint  # imported late, as in ensure_run
     from replax import run as run_lib
 
+    warn = warn or (lambda line: print(line, file=sys.stderr))
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise config_utils.ConfigError(f"--workdir={workdir} has no checkpoints/")
-    run = run_lib.build(spec, workdir)
-    data = run_lib.prepare_data(run)
-    train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
     checkpointer = checkpoint.Checkpointer(ckpt_dir)
-    try:
-        step = checkpointer.latest_step()
+    try:  # the seal is checked before anything is built
+        step = checkpointer.pick_sealed(step, log=warn)
+        run = run_lib.build(spec, workdir)
+        data = run_lib.prepare_data(run)
+        train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
         state = checkpointer.restore_train_state(step, train_state=train_state)
     finally:
         checkpointer.close()
-    metrics = data.evaluator(state.params, jax.random.key(0))
-    return {"step": step, **{k: float(v) for k, v in metrics.items()}}
+    return {"step": step, **_evaluate(data, state.params)}
+
+
+def evaluate_pretrained(spec: spec_lib.RunSpec, workdir: str) -> dict[str, Any]:
+    """The held-out evaluation, as `evaluate_checkpoint` makes it, of the Hugging Face
+    directory of spec.model.checkpoint (model.init='checkpoint'); the data set is built
+    in workdir/data unless task.data_dir says."""
+    from replax import run as run_lib
+
+    run = run_lib.build(spec, workdir)
+    data = run_lib.prepare_data(run)
+    params = run_lib.initial_params(run, data, log=lambda line: None)
+    return {"checkpoint": spec.model.checkpoint, **_evaluate(data, params)}
+
+
+def _evaluate(data, params) -> dict[str, float]:
+    import jax
+
+    metrics = data.evaluator(params, jax.random.key(0))
+    return {k: float(v) for k, v in metrics.items()}
 
 
 def final_evaluation(
