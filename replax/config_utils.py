@@ -57,16 +57,18 @@ def flat_keys(config: Mapping) -> list[str]:
 
 
 def did_you_mean(key: str, known: Iterable[str]) -> str:
-    """ " (did you mean KNOWN?)" for the known key closest to a misspelt one, or "". Keys
-    of key's own section are tried first, then every key (a misspelt section name)."""
+    """The hint " (did you mean KNOWN?)" for the known key closest to a misspelt one, or "". The
+    leaf is matched among its own section's keys first (their shared section would make
+    any two look alike), then the whole key among every key (a misspelt section)."""
     known = list(known)
-    section = key.rpartition(".")[0]
-    siblings = [k for k in known if k.rpartition(".")[0] == section]
-    for candidates in (siblings, known):
-        close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-        if close:
-            return f" (did you mean {close[0]}?)"
-    return ""
+    section, _, leaf = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
+    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {siblings[close[0]]}?)"
+    others = [k for k in known if k.rpartition(".")[0] != section]
+    close = difflib.get_close_matches(key, others, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def unknown_override(argv: Sequence[str], config: Mapping) -> str | None:

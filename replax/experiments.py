@@ -66,7 +66,8 @@ def parse_command_line(prog: str, argv: list[str], define: Callable[[Any], None]
         )
         rest = values(argv)
     except Exception as e:  # noqa: BLE001 - unknown flag or --config.KEY, bad value
-        raise config_utils.ConfigError(config_utils.flag_error_line(e)) from None
+        file = config_utils.config_from_argv(argv, DEFAULT_CONFIG)
+        raise config_utils.ConfigError(config_utils.flag_error_line(e, argv, file)) from None
     if rest[1:]:
         raise config_utils.ConfigError(f"unexpected arguments {rest[1:]}: flags are --NAME=VALUE")
     path, _ = config_file(values)
@@ -154,7 +155,8 @@ def set_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
             node = node[part]
         current = node[leaf]
     except (KeyError, AttributeError):
-        raise config_utils.ConfigError(f"unknown config key {key!r}") from None
+        hint = config_utils.did_you_mean(key, config_utils.flat_keys(config))
+        raise config_utils.ConfigError(f"unknown config key {key!r}{hint}") from None
     if isinstance(value, str) and not isinstance(current, str):
         try:
             value = parse_value(value, current)

@@ -96,7 +96,10 @@ def _parse(argv):
     else:
         config = None
         define = lambda: config_flags.DEFINE_config_file(
-            "config", _HF_CONFIG, "The task's config file: configs/NAME.py[:VARIANT].", argv
+            "config",
+            _HF_CONFIG,
+            "The task's config file: configs/NAME.py[:VARIANT].",
+            sys_argv=argv,
         )
     try:
         define()
@@ -166,6 +169,7 @@ def main(argv):
     except config_utils.ConfigError as e:
         _fail(str(e))
     if out is not None:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as f:
             json.dump(metrics, f)
     print(json.dumps(metrics))
