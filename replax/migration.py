@@ -23,6 +23,7 @@ ADDED_KEYS = {
     "rollout.dtype": "",
     "rollout.cache_dtype": "",
     "rollout.mesh_shape": [],
+    "task.long_prompts": "error",
 }
 
 
