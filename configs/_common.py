@@ -27,6 +27,10 @@ def run_keys(c: ml_collections.ConfigDict, *, total_steps: int, checkpoint_every
     c.checkpoint_every = checkpoint_every
     # Checkpoints kept (the newest); an unreadable newest one falls back to the previous.
     c.checkpoint_keep = 2
+    c.log = ml_collections.ConfigDict()
+    # Off a terminal (a log file, a batch job) a progress line at most this often, and at
+    # the last step; 0: every step. A terminal gets a bar, a notebook a tqdm bar.
+    c.log.print_every_s = 60.0
 
 
 def tokenizer(name: str) -> ml_collections.ConfigDict:
@@ -169,4 +173,7 @@ def evaluation(*, every: int, num_prompts: int) -> ml_collections.ConfigDict:
     e.num_prompts = num_prompts
     e.pass_k = 8
     e.pass_k_prompts = 64
+    # The first this many held-out prompts, their greedy completions, rewards and answers
+    # go to WORKDIR/samples.jsonl (and TensorBoard) at each evaluation.
+    e.num_samples = 4
     return e

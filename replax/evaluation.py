@@ -52,12 +52,14 @@ class Evaluator:
         max_new_tokens: int,
         pass_k: int = 8,
         pass_k_prompts: int = 64,
+        num_samples: int = 0,
         mesh=None,
         rules=None,
         dtype: str | None = None,
         cache_dtype: str | None = None,
     ):
-        """mesh, rules, dtype, cache_dtype: the samplers' (see `sampler.make_sampler`)."""
+        """num_samples: held-out prompts whose greedy completions `evaluate` returns as
+        text. mesh, rules, dtype, cache_dtype: the samplers' (see `sampler.make_sampler`)."""
         self.task = task
         self.tokenizer = tokenizer
         self.examples = list(examples)
@@ -68,6 +70,7 @@ class Evaluator:
         self.pass_k = pass_k
         self.mesh, self.rules = mesh, sharding.validate_rules(rules or sharding.DEFAULT_RULES)
         self.pass_k_prompts = min(pass_k_prompts, len(self.examples))
+        self.num_samples = num_samples
         common = dict(
             max_prompt_len=max_prompt_len,
             max_new_tokens=max_new_tokens,
@@ -83,17 +86,24 @@ class Evaluator:
         self.sample = sampler_lib.make_sampler(model_config, temperature=1.0, **common)
 
     def accuracy(self, params, rng) -> float:
-        out = self.greedy.generate(params, self.prompt_ids, self.prompt_mask, rng)
-        return float(self._rewards(out, self.answers).mean())
+        return float(self._greedy(params, rng)[0].mean())
 
     def __call__(self, params, rng) -> dict[str, float]:
-        metrics = {"eval_accuracy": self.accuracy(params, rng)}
+        return self.evaluate(params, rng)[0]
+
+    def evaluate(self, params, rng) -> tuple[dict[str, float], list[dict]]:
+        """(metrics, samples): the metrics of `__call__`, and the first num_samples
+        held-out prompts (of this process's rows) with their greedy completions, rewards
+        and reference answers."""
+        greedy_rewards, tokens, first = self._greedy(params, rng)
+        metrics = {"eval_accuracy": float(greedy_rewards.mean())}
         if self.pass_k > 0 and self.pass_k_prompts > 0:
             k, p = self.pass_k, self.pass_k_prompts
             # k rows per prompt, adjacent; each prompt prefilled once.
             ids, mask = self.prompt_ids[:p], self.prompt_mask[:p]
             out = self.sample.generate(params, ids, mask, rng, num_samples=k)
-            rewards = self._rewards(out, np.repeat(np.asarray(self.answers[:p], dtype=object), k))
+            answers = np.repeat(np.asarray(self.answers[:p], dtype=object), k)
+            rewards = self._rewards(out, answers)[0]
             correct = rewards.reshape(p, k).sum(axis=1)
             metrics[f"eval_pass_at_{k}"] = float(pass_at_k(k, correct, k).mean())
             metrics["eval_pass_at_k"] = metrics[f"eval_pass_at_{k}"]
@@ -101,14 +111,40 @@ class Evaluator:
             # mean negative log-probability of its own samples.
             mask_out = sharding.to_host(out.mask).astype(bool)
             metrics["entropy"] = float(-sharding.to_host(out.logprobs)[mask_out].mean())
-        return metrics
+        return metrics, self._samples(greedy_rewards, tokens, first)
 
-    def _rewards(self, out: sampler_lib.SampleOutput, answers) -> np.ndarray:
-        """Rewards of all rows of a sampler output: each process scores the completions
-        its devices hold, and every process gets all of them."""
+    def _greedy(self, params, rng):
+        """(rewards float32[prompts], this process's rows of the greedy completions
+        int32[rows, T] on the host, the index of the first of those rows)."""
+        out = self.greedy.generate(params, self.prompt_ids, self.prompt_mask, rng)
+        return self._rewards(out, self.answers)
+
+    def _samples(self, rewards, tokens, first: int) -> list[dict]:
+        """The completions already scored, as text: nothing is generated again."""
+        samples = []
+        for i, ids in enumerate(tokens[: self.num_samples]):
+            example = self.examples[first + i]
+            samples.append(
+                {
+                    "index": first + i,
+                    "prompt": example.prompt,
+                    "completion": tokenizer_lib.decode_completion(self.tokenizer, ids),
+                    "reward": float(rewards[first + i]),
+                    "answer": example.answer,
+                }
+            )
+        return samples
+
+    def _rewards(self, out: sampler_lib.SampleOutput, answers):
+        """(rewards of all rows of a sampler output, this process's rows of out.tokens on
+        the host, the first of them): each process scores the completions its devices
+        hold, and every process gets all the rewards."""
         if self.mesh is None or jax.process_count() == 1:
-            return score(self.task, self.tokenizer, np.asarray(out.tokens), answers)[0]
+            tokens = np.asarray(out.tokens)
+            return score(self.task, self.tokenizer, tokens, answers)[0], tokens, 0
+        tokens = sharding.local_rows(out.tokens)
         rows = sharding.named(self.mesh, ("batch",), self.rules)
         mine = sharding.process_rows(rows, out.lengths.shape)
-        local = score(self.task, self.tokenizer, sharding.local_rows(out.tokens), answers[mine])
-        return sharding.to_host(sharding.global_batch(local[0], rows, len(answers)))
+        local = score(self.task, self.tokenizer, tokens, answers[mine])[0]
+        rewards = sharding.to_host(sharding.global_batch(local, rows, len(answers)))
+        return rewards, tokens, mine.start

@@ -1,5 +1,6 @@
-"""Run metrics: metrics.jsonl, TensorBoard event files, a terminal progress bar, and
-compute accounting (generated tokens, FLOPs and seconds of generation vs training, mu)."""
+"""Run metrics: metrics.jsonl, samples.jsonl, TensorBoard event files, and compute
+accounting (generated tokens, FLOPs and seconds of generation vs training, mu). What the
+run prints as it goes is `replax.progress`."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import dataclasses
 import json
 import math
 import os
-import sys
-import time
 from typing import Any
 
 import numpy as np
+
+# metrics.jsonl keys that measure time, which differs between any two runs (the rest of a
+# run's record is the same on every run of its config and machine).
+TIMING_KEYS = ("wall_s", "gen_s", "train_s", "mu_measured", "step_s", "gen_tokens_per_s")
 
 
 def _to_python(value):
@@ -25,23 +28,27 @@ def _to_python(value):
 
 
 class MetricsWriter:
-    """Appends one JSON object per logged step to DIR/metrics.jsonl and mirrors the
-    scalars to TensorBoard (DIR/tensorboard) when tensorboardX is installed. A writer
+    """Appends one JSON object per logged step to DIR/metrics.jsonl, one per held-out
+    sample of an evaluation to DIR/samples.jsonl, and mirrors the scalars (and the samples,
+    as text) to TensorBoard (DIR/tensorboard) when tensorboardX is installed. A writer
     that is not `enabled` (on processes other than 0) writes nothing."""
 
     def __init__(self, workdir: str, *, resume_step: int = -1, enabled: bool = True):
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._file = self._tb = None
+        self.samples_path = os.path.join(workdir, "samples.jsonl")
+        self._file = self._samples = self._tb = None
         if not enabled:
             return
         # A resumed run rewrites history after its checkpoint: drop the records of
-        # steps past it, and a last line cut short by a kill, so the file reads as one
+        # steps past it, and a last line cut short by a kill, so each file reads as one
         # uninterrupted run.
-        if os.path.exists(self.path):
-            kept = [r for r in _parse_lines(self.path) if r["step"] <= resume_step]
-            with open(self.path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
+        for path in (self.path, self.samples_path):
+            if os.path.exists(path):
+                kept = [r for r in _parse_lines(path) if r["step"] <= resume_step]
+                with open(path, "w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in kept)
         self._file = open(self.path, "a")
+        self._samples = open(self.samples_path, "a")
         try:
             from tensorboardX import SummaryWriter
 
@@ -60,11 +67,28 @@ class MetricsWriter:
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+    def write_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """One line per sample (prompt, completion, reward, answer, ...) with the step."""
+        if self._samples is None or not samples:
+            return
+        records = [{"step": int(step), **s} for s in samples]
+        self._samples.writelines(json.dumps(r) + "\n" for r in records)
+        self._samples.flush()
         if self._tb is not None:
-            self._tb.close()
+            self._tb.add_text("samples", _markdown_table(samples), step)
+
+    def close(self) -> None:
+        for f in (self._file, self._samples, self._tb):
+            if f is not None:
+                f.close()
+
+
+def _markdown_table(samples: list[dict[str, Any]]) -> str:
+    """Samples as a markdown table (TensorBoard renders a text summary as markdown)."""
+    keys = list(samples[0])
+    cell = lambda v: json.dumps(v) if not isinstance(v, str) else v.replace("|", "\\|")
+    rows = [" | ".join(cell(s.get(k)).replace("\n", "<br>") for k in keys) for s in samples]
+    return "\n".join([" | ".join(keys), " | ".join("---" for _ in keys), *rows])
 
 
 def _parse_lines(path: str) -> list[dict[str, Any]]:
@@ -108,46 +132,3 @@ class ComputeAccount:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-class ProgressBar:
-    """One-line terminal progress: step, reward, accuracy, tokens/s and ETA."""
-
-    def __init__(
-        self, total_steps: int, start_step: int = 0, stream=sys.stderr, enabled: bool = True
-    ):
-        self.total = total_steps
-        self.start_step = start_step
-        self.t0 = time.time()
-        self.stream = stream
-        self.enabled = enabled and stream.isatty()
-        self.last_accuracy = None
-        self.last_reward = 0.0
-
-    def update(
-        self, step: int, reward: float | None, tokens_per_s: float, accuracy: float | None = None
-    ) -> None:
-        """reward: this step's mean reward, None on a step that generated nothing (the bar
-        keeps showing the last one)."""
-        if accuracy is not None:
-            self.last_accuracy = accuracy
-        if reward is not None:
-            self.last_reward = reward
-        done = step - self.start_step
-        elapsed = time.time() - self.t0
-        eta = elapsed / max(done, 1) * (self.total - step)
-        width = 24
-        filled = int(width * step / max(self.total, 1))
-        acc = "  -  " if self.last_accuracy is None else f"{100 * self.last_accuracy:5.1f}%"
-        line = (
-            f"\r[{'#' * filled}{'.' * (width - filled)}] step {step}/{self.total} "
-            f"reward {self.last_reward:.3f} acc {acc} {tokens_per_s:,.0f} tok/s ETA {eta:4.0f}s"
-        )
-        if self.enabled:
-            self.stream.write(line)
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()

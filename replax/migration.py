@@ -24,6 +24,9 @@ ADDED_KEYS = {
     "rollout.cache_dtype": "",
     "rollout.mesh_shape": [],
     "task.long_prompts": "error",
+    # Runs before these wrote no samples.jsonl; their progress off a terminal was silent.
+    "eval.num_samples": 0,
+    "log.print_every_s": 60.0,
 }
 
 

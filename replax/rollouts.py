@@ -71,6 +71,42 @@ class Fresh:
     reward_mean: float | None  # over all R; None: nothing generated
     reward_errors: int  # reward functions that raised, on all processes
     lengths: np.ndarray | None  # int[R] completion lengths, all of them; None: nothing generated
+    # The FRESH_KEYS statistics of the completions (each None: nothing generated).
+    diagnostics: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(FRESH_KEYS)
+    )
+
+
+# What a generating step reports of its fresh completions (`completion_stats`).
+FRESH_KEYS = (
+    "completion_len_mean",
+    "completion_len_max",
+    "truncated_frac",
+    "reward_std",
+    "zero_spread_groups_frac",
+)
+
+
+def truncated_rows(tokens: np.ndarray, lengths: np.ndarray, stop_ids) -> np.ndarray:
+    """bool[R]: completions (tokens int[R, T], lengths int[R]) cut at T = max_new_tokens.
+    The sampler keeps the first stop token in the completion and pads after it, so a row
+    stopped unless it holds all T tokens and the last of them is no stop token."""
+    last_is_stop = np.isin(tokens[:, -1], np.asarray(stop_ids))
+    return (lengths == tokens.shape[1]) & ~last_is_stop
+
+
+def completion_stats(rewards: np.ndarray, lengths: np.ndarray, truncated: int, group_size: int):
+    """The FRESH_KEYS of R = prompts x G completions: rewards float32[R] and lengths
+    int[R] of all of them, `truncated` of them cut at max_new_tokens. A group whose G
+    rewards are all equal has zero advantage: no signal for the policy."""
+    groups = rewards.reshape(-1, group_size)
+    return {
+        "completion_len_mean": float(lengths.mean()),
+        "completion_len_max": int(lengths.max()),
+        "truncated_frac": truncated / len(lengths),
+        "reward_std": float(rewards.std()),
+        "zero_spread_groups_frac": float(np.mean(np.ptp(groups, axis=1) == 0)),
+    }
 
 
 def _all_processes(local, rows: jax.sharding.NamedSharding | None):
@@ -108,19 +144,25 @@ def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompt
             )
     out = sampler.generate(params, prompt_ids, prompt_mask, rng, num_samples=group_size)
     answers = np.repeat(prompts["answer"], group_size)
-    rewards, errors = evaluation.score(task, tokenizer, sharding.local_rows(out.tokens), answers)
+    tokens = sharding.local_rows(out.tokens)  # [rows of this process, T]
+    rewards, errors = evaluation.score(task, tokenizer, tokens, answers)
+    cut = truncated_rows(tokens, sharding.local_rows(out.lengths), sampler.stop_ids)
+    # Both counts in one exchange between processes.
+    errors, truncated = sharding.sum_over_processes(np.array([errors, int(cut.sum())]))
     rewards = sharding.global_batch(rewards, rows, r)
     completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
     # The rollouts' prompts: each prompt's G rows, laid out as the completions.
     repeated = lambda x: sharding.global_from_whole(np.repeat(x, group_size, axis=0), table)
+    all_rewards, lengths = sharding.to_host(rewards), sharding.to_host(out.lengths)
     return Fresh(
         repeated(prompt_ids),
         repeated(prompt_mask),
         completion,
         rewards,
-        float(sharding.to_host(rewards).mean()),
-        sharding.sum_over_processes(errors),
-        sharding.to_host(out.lengths),
+        float(all_rewards.mean()),
+        int(errors),
+        lengths,
+        completion_stats(all_rewards, lengths, int(truncated), group_size),
     )
 
 

@@ -211,6 +211,7 @@ def prepare_data(run: Run) -> Data:
         max_new_tokens=c.rollout.max_new_tokens,
         pass_k=c.eval.pass_k,
         pass_k_prompts=c.eval.pass_k_prompts,
+        num_samples=c.eval.num_samples,
         mesh=run.sampler.mesh,
         rules=run.rules,
         **c.rollout.numerics(),

@@ -40,6 +40,7 @@ RESUMABLE_KEYS = (
     "total_steps",
     "total_rollouts",
     "eval.",
+    "log.",
     "log_every",
     "checkpoint_every",
     "checkpoint_keep",

@@ -1,7 +1,7 @@
 """The run spec's sections: one frozen dataclass per section of the config files.
 
 Each mirrors one section of a config (model, tokenizer, mesh, task, warmstart, rollout,
-train, optimizer, replay, loss, eval) and checks its own fields in `__post_init__`,
+train, optimizer, replay, loss, eval, log) and checks its own fields in `__post_init__`,
 raising ConfigError with one line naming the key and what is allowed. Methods give the
 library's arguments (`LossSection.config()` -> objectives.LossConfig, ...). A section
 builds no tokenizer or task and asks JAX for no devices: `replax.configuration.build`
@@ -383,20 +383,33 @@ class LossSection:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
-    """Held-out evaluation: greedy pass@1 on num_prompts, pass@k on pass_k_prompts."""
+    """Held-out evaluation: greedy pass@1 on num_prompts, pass@k on pass_k_prompts, and
+    the first num_samples prompts' greedy completions written to samples.jsonl."""
 
     every: int
     num_prompts: int
     pass_k: int
     pass_k_prompts: int
+    num_samples: int
 
     def __post_init__(self):
         positive("eval.every", self.every, allow_zero=True)
         positive("eval.num_prompts", self.num_prompts)
-        for key in ("pass_k", "pass_k_prompts"):
+        for key in ("pass_k", "pass_k_prompts", "num_samples"):
             number(f"eval.{key}", getattr(self, key), low=0, integer=True)
 
     @property
     def pass_k_rows(self) -> int:
         """Rows sampled for pass@k: pass_k completions of the first pass_k_prompts."""
         return min(self.pass_k_prompts, self.num_prompts) * self.pass_k
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSection:
+    """What the run prints: off a terminal, a progress line at most every print_every_s
+    seconds (0: every step) and at the last step."""
+
+    print_every_s: float
+
+    def __post_init__(self):
+        number("log.print_every_s", self.print_every_s, low=0)

@@ -341,11 +341,13 @@ def to_host(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def sum_over_processes(value: int) -> int:
-    """A host count summed over processes (itself with one process)."""
+def sum_over_processes(value):
+    """A host count (an int, or an int array of several) summed over processes (itself
+    with one process)."""
     if jax.process_count() == 1:
         return value
-    return int(np.sum(multihost_utils.process_allgather(np.int32(value))))
+    total = np.sum(multihost_utils.process_allgather(np.asarray(value, np.int32)), axis=0)
+    return int(total) if np.ndim(total) == 0 else total
 
 
 def from_process_zero(values):

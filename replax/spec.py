@@ -27,6 +27,7 @@ from replax.sections import (
     MODEL_RUN_KEYS,
     TASK_DATA_KEYS,
     EvalSection,
+    LogSection,
     LossSection,
     MeshSection,
     ModelSection,
@@ -67,6 +68,7 @@ class RunSpec:
     replay: ReplaySection
     loss: LossSection
     eval: EvalSection
+    log: LogSection
 
     def __post_init__(self):
         for key in ("total_steps", "checkpoint_every"):
@@ -136,6 +138,7 @@ SECTIONS = {
     "replay": ReplaySection,
     "loss": LossSection,
     "eval": EvalSection,
+    "log": LogSection,
 }
 
 

@@ -29,6 +29,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from replax import gradients, objectives, sharding
@@ -70,7 +71,8 @@ class OptimizerConfig:
             )
 
 
-def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+def make_schedule(config: OptimizerConfig) -> optax.Schedule:
+    """The learning rate as a function of the optimizer's update count."""
     lr = config.learning_rate
     if config.schedule == "constant":
         schedule = optax.constant_schedule(lr)
@@ -83,6 +85,19 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
             [optax.linear_schedule(0.0, lr, config.warmup_steps), schedule],
             [config.warmup_steps],
         )
+    return schedule
+
+
+def learning_rates(config: OptimizerConfig, num_updates: int) -> np.ndarray:
+    """float32[num_updates]: the rate of update 0, 1, ...: a host table, so that a step's
+    rate is reported without reading the optimizer state off the devices (the count of
+    updates is the step less the skipped steps: a skipped one does not advance it)."""
+    schedule = make_schedule(config)
+    return np.asarray(jax.vmap(schedule)(jnp.arange(max(num_updates, 1))), np.float32)
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    schedule = make_schedule(config)
     parts = []
     if config.grad_clip:
         parts.append(optax.clip_by_global_norm(config.grad_clip))

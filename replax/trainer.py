@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from replax import auto_replay, rollouts, runtime, schedules, sharding
+from replax import auto_replay, progress, rollouts, runtime, schedules, sharding
 from replax import checkpoint as checkpoint_lib
 from replax import flops as flops_lib
 from replax import metrics as metrics_lib
@@ -59,6 +59,8 @@ def train(
     warn = functools.partial(print, file=sys.stderr)
     if jax.process_index() != 0:
         log = warn = _silent
+    if (slow := progress.slow_backend_warning(spec)) is not None:
+        warn(slow)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
     runtime.check_resume_config(workdir, spec.to_dict(), has_checkpoint)
@@ -76,6 +78,8 @@ def train(
             states = restore(run, checkpointer, prompt_iter, log, warn)
             if states is None:  # a new run (or none of its checkpoints was readable)
                 states = (*init_states(run, initial_params(run, data, log)), new_loop_state(run))
+            for line in progress.banner(run, states[0]):
+                log(line)
             summary = run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
             # The prompts the data set left out: split -> [skipped, of how many].
             return {**summary, "skipped_prompts": dict(data.skipped_prompts)}
@@ -152,7 +156,11 @@ def run_loop(
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
     primary = jax.process_index() == 0
     writer = metrics_lib.MetricsWriter(run.workdir, resume_step=loop.step, enabled=primary)
-    bar = metrics_lib.ProgressBar(c.total_steps, loop.step, enabled=primary)
+    bar = progress.make_progress(
+        c.total_steps, loop.step, print_every_s=c.log.print_every_s, enabled=primary
+    )
+    # The schedule's rate of each optimizer update, looked up on the host.
+    learning_rates = train_step_lib.learning_rates(c.optimizer_config(), c.total_steps)
     idle = rollouts.nothing_generated(
         run.rollouts_per_step,
         c.rollout.max_prompt_len,
@@ -166,8 +174,11 @@ def run_loop(
     for step in range(loop.step, c.total_steps):
         if spent():
             break  # a resumed run that had already spent its rollout budget
+        t_step = time.time()
         gen_key, sample_key, eval_key = jax.random.split(jax.random.fold_in(base_key, step), 3)
         generated, max_age = schedule.should_generate(step), schedule.max_age()
+        # Skipped steps did not advance the optimizer's count of updates.
+        learning_rate = learning_rates[step - loop.skipped_steps]
         # GENERATE R rollouts (G completions of each prompt), SCORE them on the host.
         t0 = time.time()
         fresh = idle
@@ -203,10 +214,16 @@ def run_loop(
         record = _step_record(
             run, loop, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
         )
+        # The float32 rate as its shortest decimal (1e-4, not 9.99999974e-05).
+        record["learning_rate"] = float(str(learning_rate))
         loop.step = step + 1
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
-            record.update(evaluator(train_state.params, eval_key))
+            eval_metrics, samples = evaluator.evaluate(train_state.params, eval_key)
+            record.update(eval_metrics)
+            writer.write_samples(loop.step, samples)
+        # The step's wall time up to its record: generation, training and evaluation.
+        record["step_s"] = time.time() - t_step
         if loop.step % c.log_every == 0 or "eval_accuracy" in record:
             writer.write(loop.step, record)
         tokens_per_s = account.gen_tokens / max(account.gen_s, 1e-9)
@@ -258,9 +275,11 @@ def _step_record(
         "wall_s": time.time() - t_start,
         **account.as_dict(),
         "mu_measured": account.mu_measured(),
-        # A step that generates nothing has no reward to report.
+        # A step that generates nothing has no reward (nor completions) to report.
         "reward_mean": fresh.reward_mean,
         "reward_errors": fresh.reward_errors,
+        **fresh.diagnostics,
+        "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
         "skipped_steps": loop.skipped_steps,
         **stats,
         **step_metrics,

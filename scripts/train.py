@@ -18,6 +18,10 @@ On a Cloud TPU pod slice or under SLURM nothing more is needed; elsewhere set
 JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES and JAX_PROCESS_ID, or pass
 --coordinator_address, --num_processes and --process_id. Process 0 alone writes
 metrics.jsonl and TensorBoard and prints; every process writes its part of checkpoints.
+
+It prints a start-up banner (devices, meshes, bytes per device, tokens per step), then
+progress: a bar on a terminal, else a line at most every log.print_every_s seconds.
+absl logs ERROR and above unless --verbosity (e.g. --verbosity=0 for INFO) is given.
 """
 
 import os
@@ -64,7 +68,9 @@ def _parse(argv):
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.ERROR)
+    # absl's INFO lines (orbax, jax) drown the run's own: ERROR unless --verbosity says.
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.ERROR)
     import jax
 
     from replax import configuration, experiments, runtime, sharding, trainer

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from replax import auto_replay
+from replax import auto_replay, rollouts
 from replax.auto_replay import (
     AutoReplayController,
 )
@@ -243,7 +243,7 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
         os.makedirs(c.task.data_dir, exist_ok=True)
         return c
 
-    timing = ("wall_s", "gen_s", "train_s", "mu_measured")
+    timing = metrics_lib.TIMING_KEYS
     strip = lambda records: [{k: v for k, v in r.items() if k not in timing} for r in records]
     with experiments.compilation_cache(str(tmp_path / "jax_cache")):
         trainer.train(config(8), str(tmp_path / "full"), log=lambda _: None)
@@ -257,6 +257,11 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
     assert records[-1]["train_rollouts"] == 16 * 8
     # A step that generated nothing has no reward, not the last generating step's.
     assert all((r["reward_mean"] is None) == (not r["auto_generate"]) for r in records)
+    # Nor completion statistics; the rate and the step's seconds are on every step.
+    for r in records:
+        for key in (*rollouts.FRESH_KEYS, "gen_tokens_per_s"):
+            assert (r[key] is None) == (not r["auto_generate"]), (key, r["step"])
+        assert r["learning_rate"] > 0 and r["step_s"] > 0
     keys = ("auto_mu", "auto_alpha", "auto_rho", "auto_kept", "auto_y", "auto_x")
     for key in (*keys, *auto_replay.STAT_KEYS):
         assert key in records[-1], key

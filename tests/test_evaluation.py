@@ -147,3 +147,18 @@ def test_evaluator_without_pass_at_k_runs_only_the_greedy_sampler():
     assert evaluator.accuracy(None, None) == 1.0
     assert evaluator(None, None) == {"eval_accuracy": 1.0}
     assert evaluator.sample.calls == []
+
+
+def test_evaluate_returns_the_scored_greedy_completions_of_the_first_prompts_as_text():
+    examples = [Example("1+1=", "2"), Example("2+3=", "5"), Example("9-4=", "5")]
+    evaluator = scripted_evaluator(
+        examples, ["2", "6", "5"], ["3", "3", "5", "5"], pass_k=2, pass_k_prompts=2, num_samples=2
+    )
+    metrics, samples = evaluator.evaluate(None, None)
+    assert metrics["eval_accuracy"] == pytest.approx(2 / 3)
+    # The greedy rewards (1, 0), not the pass@k samples' (0 for "1+1=").
+    assert samples == [
+        {"index": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0, "answer": "2"},
+        {"index": 1, "prompt": "2+3=", "completion": "6", "reward": 0.0, "answer": "5"},
+    ]
+    assert len(evaluator.greedy.calls) == 1  # the samples are the evaluation's own rows

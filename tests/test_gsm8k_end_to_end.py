@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from checkpoints import write_qwen_style_tokenizer, write_tiny_qwen25
 
+from replax import metrics
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # R = 2 x 4 = 8, B = 8, N = 16: the 8 devices divide every batch. The data: the first
 # GSM8K test questions whose chat prompts fit MAX_PROMPT tokens, 24 to train and 8 held out.
@@ -104,7 +106,7 @@ def read(workdir):
         return [json.loads(line) for line in f]
 
 
-TIMING = ("wall_s", "gen_s", "train_s", "mu_measured")
+TIMING = metrics.TIMING_KEYS
 
 
 def strip_timing(records):

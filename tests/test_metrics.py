@@ -1,7 +1,6 @@
-"""Tests for replax/metrics.py: metrics.jsonl (one line per write, truncated on resume),
-the TensorBoard mirror, the compute account and the terminal progress bar."""
+"""Tests for replax/metrics.py: metrics.jsonl and samples.jsonl (one line per record,
+truncated on resume), the TensorBoard mirror and the compute account."""
 
-import io
 import json
 import os
 import struct
@@ -125,47 +124,6 @@ def test_account_round_trips_through_json():
     assert restored == account
 
 
-class TerminalStream(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def test_progress_bar_draws_one_line_on_a_terminal(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr(metrics.time, "time", lambda: clock[0])
-    stream = TerminalStream()
-    bar = metrics.ProgressBar(12, stream=stream)
-    clock[0] += 30.0  # 6 of 12 steps in 30 s: 30 s to go
-    bar.update(6, reward=0.25, tokens_per_s=1234.0, accuracy=0.5)
-    first = stream.getvalue()
-    assert first == (
-        "\r[############............] step 6/12 reward 0.250 acc  50.0% 1,234 tok/s ETA   30s"
-    )
-    bar.update(9, reward=0.5, tokens_per_s=10.0)  # no evaluation: the last accuracy stays
-    second = stream.getvalue()[len(first) :]
-    assert second.startswith("\r[##################......] step 9/12 reward 0.500 acc  50.0%")
-    bar.close()
-    assert stream.getvalue().endswith("\n")
-
-
-def test_progress_bar_counts_eta_from_the_resumed_step(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(metrics.time, "time", lambda: clock[0])
-    stream = TerminalStream()
-    bar = metrics.ProgressBar(20, start_step=10, stream=stream)
-    clock[0] = 5.0  # 2 steps since the resume in 5 s, 8 to go: 20 s
-    bar.update(12, reward=0.0, tokens_per_s=0.0)
-    assert stream.getvalue().endswith("acc   -   0 tok/s ETA   20s")
-
-
-def test_progress_bar_is_silent_when_not_a_terminal():
-    stream = io.StringIO()
-    bar = metrics.ProgressBar(4, stream=stream)
-    bar.update(1, reward=1.0, tokens_per_s=1.0, accuracy=1.0)
-    bar.close()
-    assert stream.getvalue() == ""
-
-
 def test_a_last_line_cut_short_by_a_kill_is_dropped(tmp_path):
     write_steps(tmp_path, [1, 2])
     with open(tmp_path / "metrics.jsonl", "a") as f:
@@ -181,3 +139,65 @@ def test_a_broken_line_inside_the_file_is_an_error_naming_it(tmp_path):
         f.write("garbage\n" + json.dumps({"step": 2}) + "\n")
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
         metrics.read_metrics(str(tmp_path))
+
+
+SAMPLES = [
+    {"index": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0, "answer": "2"},
+    {"index": 1, "prompt": "2|3=", "completion": "6\n", "reward": 0.0, "answer": "5"},
+]
+
+
+def read_samples(workdir):
+    with open(os.path.join(workdir, "samples.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def read_texts(workdir):
+    """(tag, step, text) of every text summary in the TensorBoard event files."""
+    tb_dir = os.path.join(workdir, "tensorboard")
+    texts = []
+    for name in sorted(os.listdir(tb_dir)):
+        with open(os.path.join(tb_dir, name), "rb") as f:
+            blob = f.read()
+        pos = 0
+        while pos < len(blob):
+            (length,) = struct.unpack("<Q", blob[pos : pos + 8])
+            event = event_pb2.Event.FromString(blob[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                if value.tensor.string_val:
+                    texts.append((value.tag, event.step, value.tensor.string_val[0].decode()))
+    return texts
+
+
+def test_samples_go_to_samples_jsonl_with_their_step_and_to_tensorboard_as_text(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write_samples(3, SAMPLES)
+    writer.write_samples(4, [])  # an evaluation without samples writes nothing
+    writer.close()
+    assert read_samples(tmp_path) == [{"step": 3, **s} for s in SAMPLES]
+    ((tag, step, text),) = read_texts(tmp_path)
+    assert tag.startswith("samples") and step == 3
+    lines = text.splitlines()
+    assert lines[0] == "index | prompt | completion | reward | answer"
+    # A | in a prompt is escaped and a newline kept inside its table cell.
+    assert lines[3] == "1 | 2\\|3= | 6<br> | 0.0 | 5"
+
+
+def test_a_resumed_run_drops_the_samples_past_its_checkpoint(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path))
+    for step in (2, 4, 6):
+        writer.write_samples(step, SAMPLES[:1])
+    writer.close()
+    writer = metrics.MetricsWriter(str(tmp_path), resume_step=4)
+    writer.write_samples(6, SAMPLES[1:])
+    writer.close()
+    got = [(r["step"], r["index"]) for r in read_samples(tmp_path)]
+    assert got == [(2, 0), (4, 0), (6, 1)]
+
+
+def test_a_writer_on_another_process_writes_no_samples(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path), enabled=False)
+    writer.write_samples(1, SAMPLES)
+    writer.close()
+    assert not (tmp_path / "samples.jsonl").exists()

@@ -169,3 +169,40 @@ def test_generate_and_score_prefills_each_prompt_once_as_repeated_prompts_would(
         )
         assert np.asarray(fresh.rewards).shape == (2 * group,)
         np.testing.assert_array_equal(fresh.lengths, np.asarray(repeated.lengths))
+        # Cut at max_new_tokens: the rows that hold no stop token at all.
+        no_stop = ~np.isin(np.asarray(repeated.tokens), tokenizer.stop_ids).any(axis=1)
+        assert fresh.diagnostics["truncated_frac"] == no_stop.mean()
+        assert fresh.diagnostics["completion_len_max"] == np.asarray(repeated.lengths).max()
+
+
+def test_truncated_rows_are_full_length_without_a_stop_token_at_the_end():
+    stop = 1  # rows of T = 3 tokens; 0 pads after the stop token
+    tokens = np.array([[5, 1, 0], [5, 6, 1], [5, 6, 7], [1, 0, 0]])
+    lengths = np.array([2, 3, 3, 1])
+    cut = rollouts.truncated_rows(tokens, lengths, (stop, 2))
+    np.testing.assert_array_equal(cut, [False, False, True, False])
+
+
+def test_completion_stats_by_hand():
+    # Two groups of 4: (1, 1, 0, 0) has spread, (1, 1, 1, 1) none.
+    rewards = np.array([1, 1, 0, 0, 1, 1, 1, 1], np.float32)
+    lengths = np.array([2, 6, 6, 3, 1, 1, 4, 1])
+    stats = rollouts.completion_stats(rewards, lengths, truncated=2, group_size=4)
+    assert stats == {
+        "completion_len_mean": 3.0,
+        "completion_len_max": 6,
+        "truncated_frac": 0.25,
+        "reward_std": float(np.std(rewards)),  # sqrt(0.75 x 0.25) = 0.433
+        "zero_spread_groups_frac": 0.5,
+    }
+    assert abs(stats["reward_std"] - 0.4330127) < 1e-6
+    # G = 2: (1, 0) and (1, 0) have spread, (1, 1) and (0, 0) none.
+    pairs = np.array([1, 0, 1, 1, 0, 0, 1, 0], np.float32)
+    assert rollouts.completion_stats(pairs, lengths, 0, 2)["zero_spread_groups_frac"] == 0.5
+    eights = np.array([0, 1, 0, 1, 0, 1, 0, 1], np.float32)
+    assert rollouts.completion_stats(eights, lengths, 0, 8)["zero_spread_groups_frac"] == 0.0
+
+
+def test_a_step_without_generation_reports_none_for_every_completion_statistic():
+    fresh = rollouts.nothing_generated(8, 3, 4)
+    assert fresh.diagnostics == dict.fromkeys(rollouts.FRESH_KEYS)

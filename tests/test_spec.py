@@ -39,6 +39,11 @@ def test_sections_are_frozen_and_check_themselves():
         dataclasses.replace(spec.rollout, group_size=1)
     with pytest.raises(ConfigError, match=r"^loss.name='dpo': allowed are"):
         dataclasses.replace(spec.loss, name="dpo")
+    assert dataclasses.replace(spec.log, print_every_s=0).print_every_s == 0  # every step
+    with pytest.raises(ConfigError, match=r"^log.print_every_s=-1: must be a finite number >= 0"):
+        dataclasses.replace(spec.log, print_every_s=-1)
+    with pytest.raises(ConfigError, match=r"^eval.num_samples=-1: must be an integer >= 0"):
+        dataclasses.replace(spec.eval, num_samples=-1)
     # A cross-section rule runs when the spec is made from its sections.
     small = dataclasses.replace(spec.replay, capacity=8)
     with pytest.raises(ConfigError, match="smaller than train.batch_size=64"):
@@ -73,9 +78,11 @@ def test_a_key_unknown_or_missing_is_one_line():
 
 def test_a_config_from_before_a_setting_existed_parses_under_its_old_value():
     c = arith().to_dict()
-    del c["train"]["num_microbatches"], c["rollout"]["mesh_shape"]
+    del c["train"]["num_microbatches"], c["rollout"]["mesh_shape"], c["log"]
+    del c["eval"]["num_samples"]
     spec = spec_lib.parse(c)
     assert spec.train.num_microbatches == 1 and spec.rollout.mesh_shape == ()
+    assert spec.log.print_every_s == 60.0 and spec.eval.num_samples == 0
 
 
 def test_auto_max_period():

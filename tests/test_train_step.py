@@ -564,3 +564,22 @@ def test_abstract_train_state_is_the_initialised_one():
         assert isinstance(spec, jax.ShapeDtypeStruct)
         assert (spec.shape, spec.dtype) == (array.shape, array.dtype)
         assert spec.sharding.is_equivalent_to(array.sharding, array.ndim)
+
+
+def test_learning_rates_are_the_rates_the_optimizer_applies():
+    config = train_step_lib.OptimizerConfig(
+        learning_rate=1.0, schedule="linear", warmup_steps=2, total_steps=6, grad_clip=0.0
+    )
+    table = train_step_lib.learning_rates(config, 6)
+    # Warm-up 0 -> 1 over 2 updates, then 1 -> 0 over the other 4.
+    np.testing.assert_allclose(table, [0.0, 0.5, 1.0, 0.75, 0.5, 0.25])
+    # Adam on a constant gradient moves each update by the rate itself (m / sqrt(v) = 1).
+    optimizer = train_step_lib.make_optimizer(config)
+    params = jnp.zeros(())
+    state = optimizer.init(params)
+    moves = []
+    for _ in range(6):
+        updates, state = optimizer.update(jnp.ones(()), state, params)
+        params = params + updates
+        moves.append(-float(updates))
+    np.testing.assert_allclose(moves, table, rtol=1e-4)  # float32 bias correction

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from replax import metrics, rollouts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A micro run: tiny policy, no warm start, a few steps; R = 8, B = 16, N = 32 so that the
@@ -61,7 +63,7 @@ def read(workdir):
 
 
 # Keys that measure time, which differs between any two runs.
-TIMING = ("wall_s", "gen_s", "train_s", "mu_measured")
+TIMING = metrics.TIMING_KEYS
 
 
 def strip_timing(records):
@@ -109,6 +111,41 @@ def test_train_script_writes_metrics_and_checkpoints(full_run):
     assert "final" in proc.stdout
 
 
+def test_train_script_reports_what_the_run_does(full_run):
+    workdir, proc = full_run
+    records = read(workdir)
+    r = 2 * 4  # prompts_per_step x group_size
+    previous_tokens = 0
+    for record in records:
+        assert record["learning_rate"] == 1e-4  # arith's constant rate
+        assert record["step_s"] > 0 and record["gen_tokens_per_s"] > 0
+        # The fresh completions' statistics agree with the run's token account.
+        assert record["completion_len_mean"] * r == record["gen_tokens"] - previous_tokens
+        previous_tokens = record["gen_tokens"]
+        assert 1 <= record["completion_len_max"] <= 6  # rollout.max_new_tokens
+        assert 0.0 <= record["truncated_frac"] <= 1.0 and record["reward_std"] >= 0.0
+        assert record["zero_spread_groups_frac"] in (0.0, 0.5, 1.0)  # 2 groups of 4
+    # At each evaluation, the first eval.num_samples (4) held-out prompts.
+    with open(os.path.join(workdir, "samples.jsonl")) as f:
+        samples = [json.loads(line) for line in f]
+    assert [s["step"] for s in samples] == [3] * 4 + [6] * 4
+    assert [s["index"] for s in samples] == [0, 1, 2, 3] * 2
+    for s in samples:
+        assert set(s) == {"step", "index", "prompt", "completion", "reward", "answer"}
+        assert s["prompt"].endswith("=") and s["answer"].isdigit() and s["reward"] in (0.0, 1.0)
+    # Off a terminal: the banner on stdout, progress lines on stderr (the first and last
+    # step at least; log.print_every_s is 60 s).
+    assert "backend:" in proc.stdout and "per device: parameters" in proc.stdout
+    progress_lines = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
+    assert progress_lines[0].startswith("step 1/6 reward")
+    assert progress_lines[-1].startswith("step 6/6 reward") and "left" in progress_lines[-1]
+
+
+def test_fresh_statistics_keys_are_reported_on_every_generating_step(full_run):
+    records = read(full_run[0])
+    assert all(set(rollouts.FRESH_KEYS) <= set(r) for r in records)
+
+
 def test_resume_continues_exactly(full_run, tmp_path):
     workdir, _ = full_run
     first = run_train(str(tmp_path), "--config.total_steps=3")
@@ -116,6 +153,12 @@ def test_resume_continues_exactly(full_run, tmp_path):
     resumed = run_train(str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert strip_timing(read(str(tmp_path))) == strip_timing(read(workdir))
+    # samples.jsonl too reads as one uninterrupted run.
+    with (
+        open(os.path.join(str(tmp_path), "samples.jsonl")) as f,
+        open(os.path.join(workdir, "samples.jsonl")) as g,
+    ):
+        assert f.read() == g.read()
 
 
 @pytest.mark.parametrize(
