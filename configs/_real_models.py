@@ -212,6 +212,9 @@ def _task_section(task: str, model: Model) -> ml_collections.ConfigDict:
     t.data_seed = 0
     # Where the tokenized dataset is built; empty means WORKDIR/data.
     t.data_dir = ""
+    # A prompt longer than rollout.max_prompt_len: 'error' (exit 2 before any compute, naming
+    # the longest) or 'skip' (left out of the data set, counted and reported).
+    t.long_prompts = "error"
     return t
 
 

@@ -87,6 +87,9 @@ def get_config(arg=None):
     c.task.num_test = 2_000
     # Directory of TFDS-built data; empty means WORKDIR/data.
     c.task.data_dir = ""
+    # A prompt longer than rollout.max_prompt_len: 'error' (exit 2 before any compute, naming
+    # the longest) or 'skip' (left out of the data set, counted and reported).
+    c.task.long_prompts = "error"
 
     # Warm start (model.init='warmstart'): SFT on worked answers until held-out accuracy,
     # measured on the eval.num_prompts evaluation prompts, is in [min, max]. From a

@@ -132,6 +132,9 @@ def get_config(arg=None):
     c.task.data_seed = 0
     # Where the tokenized dataset is built; empty means WORKDIR/data.
     c.task.data_dir = ""
+    # A prompt longer than rollout.max_prompt_len: 'error' (exit 2 before any compute, naming
+    # the longest) or 'skip' (left out of the data set, counted and reported).
+    c.task.long_prompts = "error"
 
     # Held-out evaluation: greedy pass@1 on 128 problems (one is 0.8 points), pass@8 on
     # 16 (sampling 8 x 128 would cost as much as the run's generation), six times a run.

@@ -52,6 +52,7 @@ from etils import epath
 from orbax.checkpoint.path import atomicity
 
 from replax import sharding
+from replax.config_utils import ConfigError
 from replax.sharding import abstract_like
 
 CHECKSUMS = "checksums.json"
@@ -94,6 +95,20 @@ def verify_checksums(step_dir) -> str | None:
     """What is wrong with a checkpoint's files, or None when it is sealed and its files
     match their checksums."""
     path = epath.Path(step_dir) / CHECKSUMS
+    problem = _seal_problem(path)
+    if problem is not None:
+        return problem
+    for name, digest in json.loads(path.read_text()).items():
+        file = path.parent / name
+        if not file.exists():
+            return f"{name} is missing"
+        if _sha256(file) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _seal_problem(path: epath.Path) -> str | None:
+    """What is wrong with a seal file itself (not the files it lists), or None."""
     if not path.exists():
         return NEVER_SEALED
     try:
@@ -102,12 +117,6 @@ def verify_checksums(step_dir) -> str | None:
         return f"{NEVER_SEALED}: its {CHECKSUMS} is cut short or unreadable"
     if not isinstance(digests, dict) or not digests:
         return f"{NEVER_SEALED}: its {CHECKSUMS} lists no files"
-    for name, digest in digests.items():
-        file = path.parent / name
-        if not file.exists():
-            return f"{name} is missing"
-        if _sha256(file) != digest:
-            return f"{name} does not match its checksum"
     return None
 
 
@@ -157,6 +166,46 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def sealed_steps(self) -> list[int]:
+        """The steps whose seal is readable, oldest first (their files not yet checked
+        against it: `pick_sealed` does)."""
+        sealed = []
+        for step in sorted(self.manager.all_steps()):
+            problem = _seal_problem(self.directory / str(step) / CHECKSUMS)
+            if problem is None:
+                sealed.append(step)
+        return sealed
+
+    def pick_sealed(self, step: int | None = None, log: Callable = print) -> int:
+        """The step to read without resuming (evaluation, export): `step` when it is a
+        sealed checkpoint whose files match their checksums, else (step None) the newest
+        such one, each one passed over reported to `log` in one line. Raises ConfigError,
+        one line naming the sealed steps, when there is none. Moves nothing: a reader
+        leaves the run's directory as it found it."""
+        if step is not None:
+            if step not in self.manager.all_steps():
+                raise ConfigError(
+                    f"--step={step} is not a checkpoint of {self.directory}: the sealed ones "
+                    f"are {self.sealed_steps()}"
+                )
+            problem = verify_checksums(self.directory / str(step))
+            if problem is not None:
+                raise ConfigError(
+                    f"--step={step}: checkpoint {step} {problem}; the sealed checkpoints of "
+                    f"{self.directory} are {[s for s in self.sealed_steps() if s != step]}"
+                )
+            return step
+        steps = sorted(self.manager.all_steps())
+        for candidate in reversed(steps):
+            problem = verify_checksums(self.directory / str(candidate))
+            if problem is None:
+                return candidate
+            log(f"checkpoint {candidate} {problem}; trying the one before")
+        raise ConfigError(
+            f"{self.directory} has no sealed checkpoint whose files match their checksums "
+            f"(its steps: {steps})"
+        )
 
     def save(
         self,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -24,11 +25,11 @@ from replax import attention, auto_replay, schedules, sections, validation
 from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import spec as spec_lib
-from replax.config_utils import ConfigError, require
+from replax.config_utils import ConfigError, did_you_mean, require
 from replax.spec import RunSpec
 from replax.tasks import Task, resolve_factory
 from replax.tasks import make_task as make_named_task
-from replax.tokenizer import ByteTokenizer
+from replax.tokenizer import ByteTokenizer, prompt_lengths
 
 
 def model_config(model: sections.ModelSection) -> model_lib.ModelConfig:
@@ -90,6 +91,10 @@ class Built:
     model_config: model_lib.ModelConfig
     tokenizer: Any
     task: Task
+    # task.long_prompts='skip': the records left out of each split (indices in the split's
+    # generation order, the data build's) and each split's size before; empty otherwise.
+    skipped_prompts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    split_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def build(spec: RunSpec, num_devices: int | None = None) -> Built:
@@ -104,23 +109,60 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
         task = make_task(spec.task, tokenizer)
         for split in ("train", "test"):
             task.examples(split, 1, spec.task.data_seed)
-        longest = (task.max_prompt_chars(), task.max_answer_chars())
+        prompts = {}
+        if not validation.prompts_fit_by_bound(spec, task.max_prompt_chars()):
+            prompts = split_prompts(spec, task)
+        lengths = {split: prompt_lengths(tokenizer, texts) for split, texts in prompts.items()}
         mcfg = model_config(spec.model)
         replay_lib.make_replay_buffer(**spec.replay.buffer_kwargs())
         shards = validation.data_shards(spec, train_devices)
         attention.check_attention_backend(mcfg, jax.default_backend())
     except TypeError as e:  # a task factory given keys it does not take
-        raise ConfigError(f"task.name={spec.task.name!r}: {e}") from None
+        raise ConfigError(task_keys_error(spec.task, e)) from None
     except (ValueError, OSError, ImportError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     sampler_shape = validation.sampler_mesh(spec, sampler_devices)
     validation.validate_vocab(mcfg, tokenizer)
-    validation.validate_task_fits(spec, *longest)
+    skipped = validation.long_prompts(spec, prompts, lengths)
+    validation.validate_answers_fit(spec, task.max_answer_chars())
     validation.validate_heads_split(spec, mcfg, sampler_shape, train_devices, sampler_devices)
     validation.validate_microbatches(spec, shards)
     validation.validate_rollout_batch(spec, sampler_shape, sampler_devices, jax.process_count())
     validation.validate_data_shards(spec, shards)
-    return Built(model_config=mcfg, tokenizer=tokenizer, task=task)
+    return Built(
+        model_config=mcfg,
+        tokenizer=tokenizer,
+        task=task,
+        skipped_prompts=skipped,
+        split_sizes={split: len(texts) for split, texts in prompts.items()} if skipped else {},
+    )
+
+
+def split_prompts(spec: RunSpec, task: Task) -> dict[str, list[str]]:
+    """Every prompt of the data set, per split, as the data build writes it (the task's
+    examples with task.num_* and task.data_seed: formatted, chat template and all)."""
+    sizes = {"train": spec.task.num_train, "test": spec.task.num_test}
+    return {
+        split: [e.prompt for e in task.examples(split, num, spec.task.data_seed)]
+        for split, num in sizes.items()
+    }
+
+
+def task_keys_error(task: sections.TaskSection, error: TypeError) -> str:
+    """The line of a task factory called with a key it does not take: the key, the
+    closest one it does take, and all of them."""
+    try:
+        takes = task_factory_keys(resolve_factory(task.name))
+    except ValueError:
+        takes = None
+    unknown = sorted(k for k in task.kwargs if takes is not None and k not in takes)
+    if not unknown:
+        return f"task.name={task.name!r}: {error}"
+    hint = did_you_mean(f"task.{unknown[0]}", [f"task.{k}" for k in takes])
+    return (
+        f"unknown config key task.{unknown[0]}{hint}: task {task.name} takes "
+        f"{', '.join(takes) or 'no task.* keys'}"
+    )
 
 
 def validate(config: ml_collections.ConfigDict) -> Built:

@@ -66,7 +66,8 @@ def parse_command_line(prog: str, argv: list[str], define: Callable[[Any], None]
         )
         rest = values(argv)
     except Exception as e:  # noqa: BLE001 - unknown flag or --config.KEY, bad value
-        raise config_utils.ConfigError(config_utils.flag_error_line(e)) from None
+        file = config_utils.config_from_argv(argv, DEFAULT_CONFIG)
+        raise config_utils.ConfigError(config_utils.flag_error_line(e, argv, file)) from None
     if rest[1:]:
         raise config_utils.ConfigError(f"unexpected arguments {rest[1:]}: flags are --NAME=VALUE")
     path, _ = config_file(values)
@@ -154,7 +155,8 @@ def set_value(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
             node = node[part]
         current = node[leaf]
     except (KeyError, AttributeError):
-        raise config_utils.ConfigError(f"unknown config key {key!r}") from None
+        hint = config_utils.did_you_mean(key, config_utils.flat_keys(config))
+        raise config_utils.ConfigError(f"unknown config key {key!r}{hint}") from None
     if isinstance(value, str) and not isinstance(current, str):
         try:
             value = parse_value(value, current)
@@ -244,29 +246,50 @@ def ensure_run(
         return json.load(f)
 
 
-def evaluate_checkpoint(spec: spec_lib.RunSpec, workdir: str) -> dict[str, Any]:
+def evaluate_checkpoint(
+    spec: spec_lib.RunSpec, workdir: str, step: int | None = None, warn=None
+) -> dict[str, Any]:
     """The run's held-out evaluation (greedy accuracy, pass@k at temperature 1, entropy;
-    the sizes in spec.eval) of its latest checkpoint, with the evaluation key 0. Builds
-    the run and reads its data; never reruns a warm start."""
-    import jax
-
+    the sizes in spec.eval) of its latest sealed checkpoint whose files match their
+    checksums, or of `step` (ConfigError, naming the sealed ones, if it is not one), with
+    the evaluation key 0. `warn` (default stderr) gets a line for each newer checkpoint
+    passed over. Builds the run and reads its data; never reruns a warm start."""
     from replax import checkpoint  # imported late, as in ensure_run
     from replax import run as run_lib
 
+    warn = warn or (lambda line: print(line, file=sys.stderr))
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise config_utils.ConfigError(f"--workdir={workdir} has no checkpoints/")
-    run = run_lib.build(spec, workdir)
-    data = run_lib.prepare_data(run)
-    train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
     checkpointer = checkpoint.Checkpointer(ckpt_dir)
-    try:
-        step = checkpointer.latest_step()
+    try:  # the seal is checked before anything is built
+        step = checkpointer.pick_sealed(step, log=warn)
+        run = run_lib.build(spec, workdir)
+        data = run_lib.prepare_data(run)
+        train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
         state = checkpointer.restore_train_state(step, train_state=train_state)
     finally:
         checkpointer.close()
-    metrics = data.evaluator(state.params, jax.random.key(0))
-    return {"step": step, **{k: float(v) for k, v in metrics.items()}}
+    return {"step": step, **_evaluate(data, state.params)}
+
+
+def evaluate_pretrained(spec: spec_lib.RunSpec, workdir: str) -> dict[str, Any]:
+    """The held-out evaluation, as `evaluate_checkpoint` makes it, of the Hugging Face
+    directory of spec.model.checkpoint (model.init='checkpoint'); the data set is built
+    in workdir/data unless task.data_dir says."""
+    from replax import run as run_lib
+
+    run = run_lib.build(spec, workdir)
+    data = run_lib.prepare_data(run)
+    params = run_lib.initial_params(run, data, log=lambda line: None)
+    return {"checkpoint": spec.model.checkpoint, **_evaluate(data, params)}
+
+
+def _evaluate(data, params) -> dict[str, float]:
+    import jax
+
+    metrics = data.evaluator(params, jax.random.key(0))
+    return {k: float(v) for k, v in metrics.items()}
 
 
 def final_evaluation(

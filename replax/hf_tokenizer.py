@@ -154,6 +154,10 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of each text, in one call of the tokenizers library (its threads)."""
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
     def decode(self, ids: Sequence[int]) -> str:
         kept = [int(i) for i in ids if int(i) not in self._strip and 0 <= int(i) < self.vocab_size]
         return self._tok.decode(kept, skip_special_tokens=False)

@@ -28,6 +28,7 @@ ADDED_KEYS = {
     "rollout.sync_every": 1,
     "rollout.max_policy_lag": 1,
     "train.max_steps_per_generation": 1,
+    "task.long_prompts": "error",
 }
 
 

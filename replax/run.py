@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import tensorflow_datasets as tfds
 
 from replax import configuration as cfg
@@ -51,6 +53,10 @@ class Run:
     train_step: Any
     add_and_sample: Any
     replay_shardings: Any
+    # task.long_prompts='skip': the records each split leaves out, and its size before
+    # (replax.configuration.Built).
+    skipped_prompts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    split_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def rollouts_per_step(self) -> int:
@@ -67,6 +73,17 @@ class Data:
 
     prompts: Any  # grain dataset of prompt batches
     evaluator: evaluation.Evaluator
+    # split -> (prompts left out as longer than rollout.max_prompt_len, the split's size).
+    skipped_prompts: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    def skipped_line(self, max_prompt_len: int) -> str | None:
+        """The line that reports the prompts left out, or None when none was."""
+        if not self.skipped_prompts:
+            return None
+        counts = " and ".join(
+            f"{n} of {total} {split}" for split, (n, total) in self.skipped_prompts.items()
+        )
+        return f"{counts} prompts longer than max_prompt_len={max_prompt_len} were skipped"
 
 
 def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
@@ -155,6 +172,8 @@ def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
         train_step=train_step,
         add_and_sample=add_and_sample,
         replay_shardings=replay_shardings,
+        skipped_prompts=built.skipped_prompts,
+        split_sizes=built.split_sizes,
     )
 
 
@@ -172,7 +191,7 @@ def prepare_data(run: Run) -> Data:
         num_test=c.task.num_test,
         seed=c.task.data_seed,
     )
-    train, test = builder.as_data_source("train"), builder.as_data_source("test")
+    train, test = (_kept(run, split, builder.as_data_source(split)) for split in ("train", "test"))
     # Sizes a file-backed task (task.num_* = 0: all of it) knows only once it is read.
     if len(train) < c.rollout.prompts_per_step or len(test) < c.eval.num_prompts:
         raise ConfigError(
@@ -202,7 +221,38 @@ def prepare_data(run: Run) -> Data:
         rules=run.rules,
         **c.rollout.numerics(),
     )
-    return Data(prompts=prompts, evaluator=evaluator)
+    skipped = {
+        split: (len(rows), run.split_sizes[split]) for split, rows in run.skipped_prompts.items()
+    }
+    return Data(prompts=prompts, evaluator=evaluator, skipped_prompts=skipped)
+
+
+class _Kept:
+    """The records of a random-access source less those at `skipped` (sorted indices)."""
+
+    def __init__(self, source, skipped):
+        self.source = source
+        self.rows = np.setdiff1d(np.arange(len(source)), np.asarray(skipped, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.source[int(self.rows[index])]
+
+
+def _kept(run: Run, split: str, source):
+    """A split's source as the run reads it: with task.long_prompts='skip', without the
+    records build found longer than rollout.max_prompt_len."""
+    skipped = run.skipped_prompts.get(split)
+    if not skipped:
+        return source
+    if len(source) != run.split_sizes[split]:  # the records build measured are these
+        raise ConfigError(
+            f"task {run.task.name}: the {split} data has {len(source)} records, its prompts "
+            f"measured {run.split_sizes[split]}: task.data_dir holds data of another task"
+        )
+    return _Kept(source, skipped)
 
 
 def _warm_start(run: Run, data: Data, log):
@@ -210,7 +260,13 @@ def _warm_start(run: Run, data: Data, log):
     # What the base depends on (not where it or the data are stored).
     key = warmstart_lib.cache_key(
         model=dataclasses.asdict(run.model_config),
-        task={k: v for k, v in c.task.to_dict().items() if k != "data_dir"},
+        # long_prompts='error' leaves the pool as it was: bases cached before the setting
+        # existed stay valid.
+        task={
+            k: v
+            for k, v in c.task.to_dict().items()
+            if k != "data_dir" and (k, v) != ("long_prompts", "error")
+        },
         warmstart={k: v for k, v in dataclasses.asdict(c.warmstart).items() if k != "cache_dir"},
         seed=c.seed,
         rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
@@ -229,6 +285,7 @@ def _warm_start(run: Run, data: Data, log):
         cache_dir=c.warmstart.cache_dir or os.path.join(run.workdir, "base"),
         key=key,
         log=log,
+        skip_long_prompts=c.task.long_prompts == "skip",
     )
     log(
         f"warm start: base accuracy {info['base_accuracy']:.3f} after {info['sft_steps']} SFT steps"

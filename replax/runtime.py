@@ -61,8 +61,14 @@ def check_workdir(workdir: str) -> None:
         os.close(fd)
         os.remove(probe)
     except OSError as e:
+        # Permission bits or a read-only mount say "not writable"; anything else (e.g.
+        # /proc, where a directory exists but no file can be made) is said as it is.
+        denied = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        what = "is not writable" if denied else "cannot hold new files"
+        if existing == os.path.abspath(workdir):
+            raise ConfigError(f"--workdir={workdir} {what} ({e.strerror})") from None
         raise ConfigError(
-            f"--workdir={workdir}: {existing} is not writable ({e.strerror})"
+            f"--workdir={workdir} cannot be created: {existing} {what} ({e.strerror})"
         ) from None
 
 

@@ -20,11 +20,11 @@ from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import train_step as train_step_lib
 from replax import warmstart as warmstart_lib
-from replax.config_utils import ConfigError, number, one_of, positive, require
+from replax.config_utils import ConfigError, did_you_mean, number, one_of, positive, require
 
 # task.* keys that say where and how much data to build; every other task.* key is an
 # argument of the task's factory.
-TASK_DATA_KEYS = ("name", "data_dir", "num_train", "num_test", "data_seed")
+TASK_DATA_KEYS = ("name", "data_dir", "num_train", "num_test", "data_seed", "long_prompts")
 # model.* keys that are not the architecture.
 MODEL_RUN_KEYS = ("init", "checkpoint")
 # With model.checkpoint the architecture comes from its config.json; these model.* keys
@@ -39,6 +39,9 @@ CHECKPOINT_OVERRIDES = (
 )
 INITS = ("random", "warmstart", "checkpoint")
 TOKENIZERS = ("byte", "hf")
+# What a prompt longer than rollout.max_prompt_len does: stop the run before any compute,
+# or leave the data set (counted and reported).
+LONG_PROMPTS = ("error", "skip")
 REPLAY_MODES = ("fixed", "auto")
 # rollout.placement: the sampler on the trainer's devices, one phase after the other, or on
 # devices of its own, generating while the trainer steps (replax.placement).
@@ -90,7 +93,14 @@ class ModelSection:
         try:
             return model_lib.ModelConfig(**self.architecture)
         except TypeError as e:  # a key ModelConfig does not have
-            raise ConfigError(f"model.*: {e}") from None
+            known = [f"model.{f.name}" for f in dataclasses.fields(model_lib.ModelConfig)]
+            unknown = sorted(f"model.{k}" for k in self.architecture if f"model.{k}" not in known)
+            if not unknown:
+                raise ConfigError(f"model.*: {e}") from None
+            raise ConfigError(
+                f"unknown config key {unknown[0]}{did_you_mean(unknown[0], known)}: the "
+                "model.* keys are ModelConfig's fields (replax/model_config.py)"
+            ) from None
         except ValueError as e:
             raise ConfigError(str(e).splitlines()[0]) from None
 
@@ -144,9 +154,11 @@ class TaskSection:
     num_train: int
     num_test: int
     data_seed: int
+    long_prompts: str
     kwargs: Mapping[str, Any]
 
     def __post_init__(self):
+        one_of("task.long_prompts", self.long_prompts, LONG_PROMPTS)
         for key in ("num_train", "num_test"):
             number(f"task.{key}", getattr(self, key), low=0, integer=True)
         if self.data_dir:

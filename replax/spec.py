@@ -21,7 +21,7 @@ import ml_collections
 
 from replax import train_step as train_step_lib
 from replax import validation
-from replax.config_utils import number, positive, require
+from replax.config_utils import did_you_mean, number, positive, require
 from replax.migration import migrate
 from replax.sections import (
     MODEL_RUN_KEYS,
@@ -149,7 +149,11 @@ def _check_keys(section: str, given, names) -> None:
     unknown = sorted(set(given) - set(names))
     if unknown:
         owner = section or "the run-wide keys"
-        require(False, f"unknown config key {where}{unknown[0]}: {owner} has {', '.join(names)}")
+        hint = did_you_mean(f"{where}{unknown[0]}", [f"{where}{n}" for n in names])
+        require(
+            False,
+            f"unknown config key {where}{unknown[0]}{hint}: {owner} has {', '.join(names)}",
+        )
     missing = [k for k in names if k not in given]
     require(not missing, f"config key {where}{missing[0] if missing else ''} is missing")
 

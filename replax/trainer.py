@@ -66,6 +66,9 @@ def train(
     with runtime.WorkdirLock(workdir):
         runtime.record_run_config(workdir, spec.to_dict())
         data = prepare_data(run)
+        skipped = data.skipped_line(spec.rollout.max_prompt_len)
+        if skipped:
+            log(skipped)
         checkpointer = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=spec.checkpoint_keep)
         stop = runtime.StopRequest().install()
         try:
@@ -73,7 +76,9 @@ def train(
             states = restore(run, checkpointer, prompt_iter, log, warn)
             if states is None:  # a new run (or none of its checkpoints was readable)
                 states = (*init_states(run, initial_params(run, data, log)), new_loop_state(run))
-            return run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
+            summary = run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
+            # The prompts the data set left out: split -> [skipped, of how many].
+            return {**summary, "skipped_prompts": dict(data.skipped_prompts)}
         finally:
             stop.restore()
             checkpointer.close()

@@ -9,6 +9,8 @@ key and what is allowed.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -167,22 +169,74 @@ def validate_vocab(model_config, tokenizer) -> None:
     )
 
 
-def validate_task_fits(spec: RunSpec, longest_prompt: int | None, longest_answer: int | None):
-    """Prompts and answers fit: prompts are never truncated. A byte-level tokenizer spends
-    one token per character; BOS and EOS take one more each."""
-    if spec.tokenizer.name != "byte":
-        return
-    for chars, key, what, extra in (
-        (longest_prompt, "max_prompt_len", "prompt", "BOS"),
-        (longest_answer, "max_new_tokens", "answer", "EOS"),
+def prompts_fit_by_bound(spec: RunSpec, longest_prompt_chars: int | None) -> bool:
+    """Whether the task's bound on prompt characters alone shows every prompt fits: a
+    byte-level tokenizer spends one token per character (UTF-8 byte) and BOS one more."""
+    return (
+        spec.tokenizer.name == "byte"
+        and longest_prompt_chars is not None
+        and longest_prompt_chars + 1 <= spec.rollout.max_prompt_len
+    )
+
+
+def _opening(text: str, prefix: int, words: int = 6) -> str:
+    """The first few words of a prompt after the `prefix` characters every prompt shares
+    (a chat template's system turn), so that the message shows the question."""
+    head = text[prefix:].split()
+    return " ".join(head[:words]) + (" ..." if len(head) > words else "")
+
+
+def long_prompts(
+    spec: RunSpec, prompts: Mapping[str, Sequence[str]], lengths: Mapping[str, np.ndarray]
+) -> dict[str, tuple[int, ...]]:
+    """The prompts (index in the split, per split) longer than rollout.max_prompt_len,
+    given each split's prompt texts and token counts as the run feeds them. With
+    task.long_prompts='error' any such prompt is a ConfigError naming the longest; with
+    'skip' they are returned, to be left out, and what is left must still cover a step's
+    prompts and the evaluation's."""
+    limit = spec.rollout.max_prompt_len
+    over = {split: tuple(int(i) for i in np.flatnonzero(n > limit)) for split, n in lengths.items()}
+    count = sum(len(v) for v in over.values())
+    if not count:
+        return {}
+    if spec.task.long_prompts == "error":
+        split, index = max(
+            ((s, i) for s, v in over.items() for i in v), key=lambda si: lengths[si[0]][si[1]]
+        )
+        texts = [t for split_texts in prompts.values() for t in split_texts]
+        shared = len(os.path.commonprefix([min(texts), max(texts)])) if len(texts) > 1 else 0
+        total = sum(len(v) for v in prompts.values())
+        opening = _opening(prompts[split][index], shared)
+        raise ConfigError(
+            f"rollout.max_prompt_len={limit} is shorter than {count} of the task's {total} "
+            f"prompts: the longest, {split} prompt {index} ({opening!r}), is "
+            f"{lengths[split][index]} tokens; raise rollout.max_prompt_len or set "
+            "task.long_prompts='skip' to leave them out"
+        )
+    for split, key, least in (
+        ("train", "rollout.prompts_per_step", spec.rollout.prompts_per_step),
+        ("test", "eval.num_prompts", spec.eval.num_prompts),
     ):
-        if chars is not None:
-            limit = getattr(spec.rollout, key)
-            require(
-                chars + 1 <= limit,
-                f"rollout.{key}={limit} is shorter than the task's longest {what} "
-                f"({chars + 1} tokens with {extra})",
-            )
+        left = len(lengths[split]) - len(over[split])
+        require(
+            left >= least,
+            f"task.long_prompts='skip' leaves {left} of {len(lengths[split])} {split} prompts "
+            f"(rollout.max_prompt_len={limit}): {key}={least} needs at least as many",
+        )
+    return {split: v for split, v in over.items() if v}
+
+
+def validate_answers_fit(spec: RunSpec, longest_answer: int | None):
+    """A correct answer fits in a completion: a byte-level tokenizer spends one token per
+    character, EOS one more (other tokenizers are not measured by characters)."""
+    if spec.tokenizer.name != "byte" or longest_answer is None:
+        return
+    limit = spec.rollout.max_new_tokens
+    require(
+        longest_answer + 1 <= limit,
+        f"rollout.max_new_tokens={limit} is shorter than the task's longest answer "
+        f"({longest_answer + 1} tokens with EOS)",
+    )
 
 
 def validate_heads_split(

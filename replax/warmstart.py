@@ -115,8 +115,12 @@ def warm_start(
     cache_dir: str,
     key: str,
     log=print,
+    skip_long_prompts: bool = False,
 ):
     """Returns (params, info) with info = {'base_accuracy', 'sft_steps', 'cached', ...}.
+
+    skip_long_prompts (task.long_prompts='skip'): demonstrations whose prompt is longer
+    than max_prompt_len are left out of the pool, as the RL data leaves them out.
 
     With several processes every process trains (on the same batches) and takes part in
     saving and restoring; process 0 decides whether the cache is there and writes info."""
@@ -138,6 +142,9 @@ def warm_start(
     sft_step = make_sft_step(model, optimizer, mesh, rules, shardings)
     data_rng = np.random.default_rng(seed)
     pool = task.examples("train", 20_000, seed=seed)
+    if skip_long_prompts:
+        lengths = tokenizer_lib.prompt_lengths(tokenizer, [e.prompt for e in pool])
+        pool = [e for e, n in zip(pool, lengths) if n <= max_prompt_len]
     lr_scale, eval_every = 1.0, config.eval_every
     below = (_copy(state.params), 0.0)  # last parameters below the window
     accuracy, steps = 0.0, 0

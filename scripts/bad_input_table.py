@@ -3,8 +3,8 @@ r"""Runs every bad input as a user would and writes the table of what replax say
 
   python scripts/bad_input_table.py --out=docs/bad_input.md
 
-Each row is a real run of scripts/train.py (or export.py) in a subprocess, on the tests' 8
-simulated CPU devices:
+Each row is a real run of scripts/train.py (or export.py, evaluate.py) in a subprocess,
+on the tests' 8 simulated CPU devices:
 - settings: every entry of tests/test_configuration.py's BAD_SETTINGS, given as
   --config.KEY=VALUE flags to configs/arith.py on the micro run of tests/test_trainer.py;
 - files, workdirs and checkpoints: the inputs a user gets wrong on the command line.
@@ -123,6 +123,7 @@ def _cases(tmp):
     not_a_run = os.path.join(tmp, "not_a_run")
     os.makedirs(not_a_run)
     out = os.path.join(tmp, "out")
+    long = _tests_module("long_prompts").write(os.path.join(tmp, "long_prompts"))
     cases += [
         ("--config=configs/missing.py", _train(fresh, config="configs/missing.py"), [fresh]),
         (
@@ -131,10 +132,21 @@ def _cases(tmp):
             [fresh],
         ),
         ("--config.no_such_key=1", _train(fresh, "--config.no_such_key=1"), [fresh]),
+        (
+            "--config.rollout.group_sise=4 (a misspelt key)",
+            _train(fresh, "--config.rollout.group_sise=4"),
+            [fresh],
+        ),
+        (
+            "a prompt longer than rollout.max_prompt_len (tests/long_prompts.py: a tiny "
+            "Hugging Face tokenizer's chat prompts)",
+            _train(fresh, config=f"tests/long_prompts.py:{long}"),
+            [fresh],
+        ),
         ("--config.total_steps=abc", _train(fresh, "--config.total_steps=abc"), [fresh]),
         ("--workdir is a file", _train(file, *MICRO), [file]),
         (
-            "--workdir not writable (/proc/self/run)",
+            "--workdir that cannot be created (/proc/self/run)",
             _train("/proc/self/run", *MICRO),
             ["/proc/self/run"],
         ),
@@ -185,6 +197,26 @@ def _cases(tmp):
             ["scripts/export.py", f"--workdir={run}", f"--out={out}", "--step=7"],
             [run, out],
         ),
+        (
+            "evaluate.py on a directory that is not a run",
+            ["scripts/evaluate.py", f"--workdir={not_a_run}"],
+            [not_a_run],
+        ),
+        (
+            "evaluate.py --step of no checkpoint",
+            ["scripts/evaluate.py", f"--workdir={run}", "--step=7"],
+            [run],
+        ),
+        (
+            "evaluate.py on a run with a setting its checkpoint fixes",
+            ["scripts/evaluate.py", f"--workdir={run}", "--config.model.d_model=64"],
+            [run],
+        ),
+        (
+            "evaluate.py --checkpoint of no directory",
+            ["scripts/evaluate.py", "--checkpoint=/no/such/dir", "--config=configs/arith.py"],
+            [],
+        ),
     ]
     return cases
 
@@ -232,7 +264,7 @@ def main():
         TITLE,
         "",
         f"{len(rows)} bad inputs, each run as a user would run it: scripts/train.py (or",
-        "export.py) in a subprocess on 8 simulated CPU devices; the settings rows are",
+        "export.py, evaluate.py) in a subprocess on 8 simulated CPU devices; the settings rows are",
         "tests/test_configuration.py's BAD_SETTINGS given as flags to configs/arith.py's micro",
         "run. Each row shows the exit status, the number of non-empty lines on stderr, what",
         "became of the workdir (TMP is the temporary folder of the rows) and the last stderr",

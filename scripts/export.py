@@ -3,7 +3,8 @@ r"""Exports a run's policy as a Hugging Face directory.
   python scripts/export.py --workdir=runs/gsm8k --out=/tmp/qwen-gsm8k [--step=N]
 
 Reads the configuration the run started with (WORKDIR/config.json) and the params of its
-latest checkpoint (or of step N), and writes config.json, model*.safetensors,
+latest sealed checkpoint whose files match their checksums (or of step N, which must be
+one), and writes config.json, model*.safetensors,
 generation_config.json (every stop id) and, for a run with a Hugging Face tokenizer, its
 tokenizer files: a directory that transformers' AutoModelForCausalLM and AutoTokenizer
 load. A run with the byte-level tokenizer exports the model alone.
@@ -52,12 +53,11 @@ def main(argv):
         _fail(str(e))
     train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
     reader = checkpoint.Checkpointer(ckpt_dir)
-    try:
-        steps = reader.manager.all_steps()
-        step = reader.latest_step() if _STEP.value is None else _STEP.value
-        if step not in steps:
-            _fail(f"--step={step}: the checkpoints are {sorted(steps)}")
+    try:  # a step without a valid seal is never read
+        step = reader.pick_sealed(_STEP.value, log=lambda line: print(line, file=sys.stderr))
         params = reader.restore_train_state(step, train_state=train_state).params
+    except ConfigError as e:
+        _fail(str(e))
     finally:
         reader.close()
     tokenizer_dir = None

@@ -4,6 +4,9 @@ r"""Trains a policy with RL and experience replay.
       [--config.KEY=VALUE ...]
 
 With no flags it runs the embedded default (configs/arith.py, replay) in runs/arith.
+Without --workdir a run goes to runs/NAME: the config file's stem for its default variant
+(configs/arith.py -> runs/arith), STEM-VARIANT for another
+(configs/gsm8k.py:qwen2.5-0.5b-instruct -> runs/gsm8k-qwen2.5-0.5b-instruct).
 
 Bad configuration exits with status 2 and one line on stderr naming the key, before
 anything is written to the workdir. Running again with the same workdir resumes.
@@ -25,14 +28,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from replax import config_utils  # noqa: E402
 from replax.config_utils import flag_error_line as _one_line  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_ROOT, "configs", "arith.py"), "Config file: configs/NAME.py[:VARIANT]."
-)
+_DEFAULT_CONFIG = os.path.join(_ROOT, "configs", "arith.py")
 _WORKDIR = flags.DEFINE_string(
-    "workdir", os.path.join(_ROOT, "runs", "arith"), "Directory for metrics, checkpoints, data."
+    "workdir", None, "Directory for metrics, checkpoints, data (default runs/NAME)."
 )
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Several processes: host:port of process 0 (else from env)."
@@ -51,10 +53,13 @@ def _fail(message: str) -> None:
 
 
 def _parse(argv):
-    try:
+    try:  # the config file loads here (and its --config.KEY=VALUE overrides apply)
+        config_flags.DEFINE_config_file(
+            "config", _DEFAULT_CONFIG, "Config file: configs/NAME.py[:VARIANT].", sys_argv=argv
+        )
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - unknown --config.KEY, bad value, bad file
-        _fail(_one_line(e))
+        _fail(_one_line(e, argv, config_utils.config_from_argv(argv, _DEFAULT_CONFIG)))
 
 
 def main(argv):
@@ -62,15 +67,15 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
     import jax
 
-    from replax import config_utils, configuration, experiments, runtime, sharding, trainer
+    from replax import configuration, experiments, runtime, sharding, trainer
     from replax import spec as spec_lib
 
-    config_file = flags.FLAGS["config"].config_filename.split(":")[0]
+    config_flag = flags.FLAGS["config"].config_filename
+    config_file = config_flag.split(":")[0]
     if not os.path.isfile(config_file):
         _fail(f"--config={config_file}: no such file (e.g. --config=configs/arith.py)")
-    if not _WORKDIR.value:
-        _fail("--workdir is required")
-    config = _CONFIG.value
+    workdir = _WORKDIR.value or config_utils.default_workdir(config_flag, _ROOT)
+    config = flags.FLAGS.config
     try:  # before anything asks jax for devices: validate counts them
         sharding.maybe_initialize_distributed(
             coordinator_address=_COORDINATOR.value,
@@ -83,7 +88,7 @@ def main(argv):
         # A task.name on the command line keeps only the file's task.* keys it can use.
         file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
         spec = spec_lib.parse(configuration.fit_task_section(config, file_config))
-        summary = trainer.train(spec, _WORKDIR.value)
+        summary = trainer.train(spec, workdir)
     except config_utils.ConfigError as e:
         _fail(str(e))
     except runtime.Preempted as e:

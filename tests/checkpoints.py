@@ -76,3 +76,56 @@ def write_tiny_qwen25(directory: pathlib.Path, tokenizer_dir: pathlib.Path, seed
     params = nn.unbox(variables)["params"]
     hf.save_pretrained(str(directory), config, params, tokenizer_dir=str(tokenizer_dir))
     return config
+
+
+def write_tiny_bpe_qwen2(directory: pathlib.Path, texts: list[str], seed: int = 0):
+    """A random Qwen2-architecture checkpoint (1 layer, d_model 32, q/k/v biases) with a
+    1,024-id byte-level BPE tokenizer trained on `texts` and Qwen2.5's chat template: a
+    Hugging Face directory small enough to run the Colab notebook on a CPU in seconds.
+    Returns its ModelConfig."""
+    import tokenizers
+
+    from replax import hf
+    from replax import model as model_lib
+    from replax.tasks.math import GSM8K_INSTRUCTION
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    bpe = tokenizers.trainers.BpeTrainer(
+        vocab_size=1024,
+        special_tokens=specials,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # The chat template's default system prompt and the task's instruction are in every
+    # prompt: trained on, they take few tokens.
+    system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    tok.train_from_iterator(3 * (list(texts) + [system, GSM8K_INSTRUCTION]), bpe)
+    tok_dir = directory.parent / f"{directory.name}-tokenizer"
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(tok_dir / "tokenizer.json"))
+    template = (DATA / "qwen2.5_chat_template.jinja").read_text()
+    tok_config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}
+    (tok_dir / "tokenizer_config.json").write_text(
+        json.dumps({**tok_config, "chat_template": template})
+    )
+
+    config = model_lib.ModelConfig(
+        vocab_size=tok.get_vocab_size(),
+        num_layers=1,
+        d_model=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        mlp_dim=64,
+        max_len=256,
+        qkv_bias=True,  # Qwen2
+        rope_theta=1e6,
+    )
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    variables = model_lib.Transformer(config).init(jax.random.key(seed), tokens, tokens)
+    params = nn.unbox(variables)["params"]
+    hf.save_pretrained(str(directory), config, params, tokenizer_dir=str(tok_dir))
+    return config

@@ -18,6 +18,7 @@ from orbax.checkpoint.path import atomicity
 from replax import checkpoint, data, sharding
 from replax import model as model_lib
 from replax import train_step as train_step_lib
+from replax.config_utils import ConfigError
 from replax.metrics import ComputeAccount
 from replax.replay import make_replay_buffer
 from replax.tokenizer import ByteTokenizer
@@ -316,3 +317,32 @@ def test_no_readable_checkpoint_gives_none(tmp_path):
         (tmp_path / step / checkpoint.CHECKSUMS).write_text("{}garbage")
     restored, lines = _restore_latest(str(tmp_path))
     assert restored is None and len(lines) == 3
+
+
+def test_pick_sealed_reads_only_sealed_intact_steps_and_moves_nothing(tmp_path):
+    """What evaluation and export read: the newest step whose files match its seal (the
+    ones passed over reported), or a named step only when it is one."""
+    _three_steps(str(tmp_path))
+    (tmp_path / "3" / checkpoint.CHECKSUMS).unlink()  # a save cut short before its seal
+    target = max(_data_files(tmp_path / "2"), key=lambda p: p.stat().st_size)
+    target.write_bytes(target.read_bytes()[:-8])  # step 2's sealed files, changed
+    reader = checkpoint.Checkpointer(str(tmp_path), max_to_keep=3)
+    lines = []
+    assert reader.pick_sealed(log=lines.append) == 1
+    assert [line.split(" ", 2)[1] for line in lines] == ["3", "2"]
+    assert lines[0].startswith("checkpoint 3 was never sealed")
+    assert reader.sealed_steps() == [1, 2]  # readable seals; step 2's files fail them
+    assert reader.pick_sealed(1) == 1
+    with pytest.raises(ConfigError, match=r"^--step=7 is not a checkpoint of .*: the sealed "):
+        reader.pick_sealed(7)
+    with pytest.raises(
+        ConfigError, match=r"^--step=3: checkpoint 3 was never sealed .*are \[1, 2\]$"
+    ):
+        reader.pick_sealed(3)
+    with pytest.raises(
+        ConfigError, match=r"^--step=2: checkpoint 2 .* does not match its checksum"
+    ):
+        reader.pick_sealed(2)
+    reader.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1", "2", "3"]
+    assert not (tmp_path.parent / (tmp_path.name + "_corrupt")).exists()

@@ -88,6 +88,9 @@ BAD_SETTINGS = [
     ({"optimizer.learning_rate": 0.0}, "optimizer.learning_rate"),
     ({"warmstart.min_accuracy": 0.5, "warmstart.max_accuracy": 0.4}, "min_accuracy"),
     ({"rollout.max_prompt_len": 4}, "rollout.max_prompt_len"),
+    ({"task.long_prompts": "truncate"}, "task.long_prompts"),
+    # Every prompt is longer than 4 tokens: skipping them leaves none to train on.
+    ({"rollout.max_prompt_len": 4, "task.long_prompts": "skip"}, "task.long_prompts='skip'"),
     ({"rollout.max_new_tokens": 3}, "rollout.max_new_tokens"),
     ({"rollout.max_new_tokens": 30}, "model.max_len"),
     # B / R = 2 here: auto mode cannot plan a replay ratio below that.
@@ -177,3 +180,24 @@ def test_rollouts_per_step_and_auto_max_period():
     assert spec_lib.parse(c).rollouts_per_step == 8
     # B = 16, R = 8: y = 2 per generation; y <= 8 allows generating every 4th step.
     assert spec_lib.parse(c).auto_max_period == 4
+
+
+def test_a_prompt_longer_than_max_prompt_len_is_named_before_anything_is_written(tmp_path):
+    """Prompts are measured as the run feeds them (chat template, instruction, tokenizer)
+    over the whole data set, before any data build, warm start or model load."""
+    import long_prompts
+
+    from replax import trainer
+
+    c = long_prompts.get_config(long_prompts.write(str(tmp_path)))
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError) as error:
+        trainer.train(spec_lib.parse(c), str(workdir))
+    assert str(error.value) == (
+        "rollout.max_prompt_len=16 is shorter than 1 of the task's 17 prompts: the longest, "
+        "train prompt 4 ('a farmer has many many many ...'), is 37 tokens; raise "
+        "rollout.max_prompt_len or set task.long_prompts='skip' to leave them out"
+    )
+    assert not workdir.exists()
+    c.rollout.max_prompt_len, c.model.max_len = 37, 48  # the longest fits: nothing to say
+    assert configuration.validate(c).skipped_prompts == {}

@@ -42,8 +42,12 @@ def test_set_value_on_dotted_keys():
     experiments.set_value(c, "shape", "(2, 4)")
     assert c.rollout.group_size == 16 and isinstance(c.lr, float) and c.shape == (2, 4)
     assert experiments.rollouts_per_step(c) == 4 * 16
-    with pytest.raises(ConfigError, match="unknown config key 'rollout.nope'"):
+    with pytest.raises(ConfigError, match="unknown config key 'rollout.nope'$"):
         experiments.set_value(c, "rollout.nope", "1")
+    with pytest.raises(
+        ConfigError, match=r"'rollout.group_sise' \(did you mean rollout.group_size"
+    ):
+        experiments.set_value(c, "rollout.group_sise", "1")
     with pytest.raises(ConfigError, match=r"seed='2.5': expected an int"):
         experiments.set_value(c, "seed", "2.5")
 

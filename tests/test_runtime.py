@@ -238,9 +238,16 @@ def test_check_workdir(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="is a file"):
         runtime.check_workdir(str(tmp_path / "file"))
-    # A directory no one can write in, root included.
-    with pytest.raises(ConfigError, match="not writable"):
+    # A directory no one can make files in, root included: what is wrong is said as it
+    # is (the folder exists; no file can be made in it), not as a permission.
+    with pytest.raises(
+        ConfigError,
+        match=r"^--workdir=/proc/self/replax_run cannot be created: /proc/self cannot hold "
+        r"new files \(No such file or directory\)$",
+    ):
         runtime.check_workdir("/proc/self/replax_run")
+    with pytest.raises(ConfigError, match=r"^--workdir=/proc/self cannot hold new files"):
+        runtime.check_workdir("/proc/self")
     runtime.check_workdir(str(tmp_path / "new" / "run"))  # created later, by the run
 
 

@@ -59,7 +59,11 @@ def test_library_arguments_come_from_the_sections():
 def test_a_key_unknown_or_missing_is_one_line():
     c = arith().to_dict()
     c["train"]["batch_sise"] = 64
-    with pytest.raises(ConfigError, match=r"^unknown config key train.batch_sise: train has"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^unknown config key train.batch_sise \(did you mean train.batch_size\?\): "
+        r"train has",
+    ):
         spec_lib.parse(c)
     c = arith().to_dict()
     del c["replay"]["mu"]

@@ -125,6 +125,7 @@ def test_resume_continues_exactly(full_run, tmp_path):
         # through the script: a value, a key the config lacks, a task that does not import.
         ("--config.replay.capacity=8", "replay.capacity"),
         ("--config.no_such_key=1", "no_such_key"),
+        ("--config.rollout.group_sise=4", "rollout.group_sise (did you mean rollout.group_size?)"),
         ("--config.task.name=no_such_module:make_task", "task.name"),
     ],
 )
@@ -183,16 +184,74 @@ def test_a_changed_key_of_the_shipped_task_is_refused_for_a_users_task(tmp_path)
     assert not workdir.exists()
 
 
+def evaluate(*args):
+    cmd = [sys.executable, "scripts/evaluate.py", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
 def test_evaluate_script_reproduces_final_accuracy(full_run):
+    """A run is evaluated from its own config.json: no --config."""
     workdir, _ = full_run
-    cmd = [
-        sys.executable,
-        "scripts/evaluate.py",
-        f"--workdir={workdir}",
-        *[m for m in MICRO if "eval.every" not in m],
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = evaluate(f"--workdir={workdir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["step"] == 6
     assert result["eval_accuracy"] == read(workdir)[-1]["eval_accuracy"]
+    with open(os.path.join(workdir, "eval.json")) as f:
+        assert json.load(f) == result
+
+
+def test_evaluate_script_takes_a_sealed_step_and_names_them_for_another(full_run):
+    workdir, _ = full_run
+    proc = evaluate(f"--workdir={workdir}", "--step=3", "--config.eval.pass_k=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["step"] == 3
+    assert result["eval_accuracy"] == read(workdir)[2]["eval_accuracy"]  # greedy, as at 3
+    for args, message in [
+        (
+            ["--step=4"],
+            f"--step=4 is not a checkpoint of {workdir}/checkpoints: the sealed ones are [3, 6]",
+        ),
+        (
+            ["--config.model.d_model=64"],
+            "--config.model.d_model: a run's checkpoint fixes it; a run's evaluation takes "
+            "--config.KEY=VALUE for eval.*, mesh.*, rollout.mesh_shape, task.data_dir",
+        ),
+        (
+            ["--config.eval.num_promts=8"],
+            "unknown config key eval.num_promts (did you mean eval.num_prompts?): the config "
+            "file lists the keys it has",
+        ),
+        (["--config=configs/arith.py"], "--config with a run: the run is evaluated under"),
+    ]:
+        proc = evaluate(f"--workdir={workdir}", *args)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0].startswith(f"error: {message}"), lines
+
+
+def test_evaluate_script_on_a_hugging_face_directory(full_run, tmp_path):
+    """--checkpoint evaluates a Hugging Face directory under --config's task: step 6 of the
+    run, exported, scores what the run's own evaluation of step 6 did."""
+    workdir, _ = full_run
+    export = tmp_path / "hf"
+    proc = subprocess.run(
+        [sys.executable, "scripts/export.py", f"--workdir={workdir}", f"--out={export}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "eval"
+    micro = [m for m in MICRO if m.startswith(("--config.eval", "--config.task", "--config.mesh"))]
+    proc = evaluate(
+        f"--checkpoint={export}", "--config=configs/arith.py", f"--workdir={out}", *micro
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["checkpoint"] == str(export)
+    assert result["eval_accuracy"] == read(workdir)[-1]["eval_accuracy"]
+    with open(out / "eval.json") as f:
+        assert json.load(f) == result

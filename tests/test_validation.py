@@ -4,6 +4,7 @@ import dataclasses
 import os
 import types
 
+import numpy as np
 import pytest
 
 from replax import experiments, validation
@@ -110,8 +111,48 @@ def test_validate_heads_split_and_vocab():
     fails(validation.validate_vocab, model, types.SimpleNamespace(vocab_size=300), match=">= 300")
 
 
-def test_validate_task_fits():
-    validation.validate_task_fits(spec(), 9, 5)  # 10 and 6 tokens with BOS / EOS
-    fails(validation.validate_task_fits, spec(), 10, 5, match="max_prompt_len=10")
-    fails(validation.validate_task_fits, spec(), 9, 6, match="max_new_tokens=6")
-    validation.validate_task_fits(spec(tokenizer__name="hf"), 100, 100)  # not by characters
+def test_answers_fit_and_prompts_fit_by_the_bound():
+    # arith's rollout: max_prompt_len 10, max_new_tokens 6; BOS and EOS take one each.
+    validation.validate_answers_fit(spec(), 5)
+    fails(validation.validate_answers_fit, spec(), 6, match="max_new_tokens=6")
+    validation.validate_answers_fit(spec(tokenizer__name="hf"), 100)  # not by characters
+    assert validation.prompts_fit_by_bound(spec(), 9)
+    assert not validation.prompts_fit_by_bound(spec(), 10)
+    assert not validation.prompts_fit_by_bound(spec(), None)  # the task knows no bound
+    assert not validation.prompts_fit_by_bound(spec(tokenizer__name="hf"), 1)
+
+
+PROMPTS = {
+    "train": ["<sys> one two", "<sys> three four five six seven eight nine ten", "<sys> a"],
+    "test": ["<sys> b", "<sys> c d"],
+}
+
+
+def test_long_prompts_error_names_the_longest_by_split_index_and_words():
+    lengths = {"train": np.array([8, 14, 3]), "test": np.array([11, 4])}  # limit 10
+    fails(
+        validation.long_prompts,
+        spec(),
+        PROMPTS,
+        lengths,
+        # The shared "<sys> " is left out of the words shown.
+        match=r"^rollout.max_prompt_len=10 is shorter than 2 of the task's 5 prompts: the "
+        r"longest, train prompt 1 \('three four five six seven eight \.\.\.'\), is 14 tokens; "
+        r"raise rollout.max_prompt_len or set task.long_prompts='skip' to leave them out$",
+    )
+    fits = {"train": np.array([8, 10, 3]), "test": np.array([1, 4])}
+    assert validation.long_prompts(spec(), PROMPTS, fits) == {}
+
+
+def test_long_prompts_skip_returns_them_and_keeps_enough():
+    lengths = {"train": np.array([8, 14, 3]), "test": np.array([11, 4])}
+    skip = spec(task__long_prompts="skip", rollout__prompts_per_step=2, eval__num_prompts=1)
+    assert validation.long_prompts(skip, PROMPTS, lengths) == {"train": (1,), "test": (0,)}
+    too_few = spec(task__long_prompts="skip", rollout__prompts_per_step=3, eval__num_prompts=1)
+    fails(
+        validation.long_prompts,
+        too_few,
+        PROMPTS,
+        lengths,
+        match=r"leaves 2 of 3 train prompts .*rollout.prompts_per_step=3 needs",
+    )

@@ -30,5 +30,6 @@ def get_config(arg=None):
     c.task.num_train = 256
     c.task.num_test = 64
     c.task.data_dir = ""
+    c.task.long_prompts = "error"
     c.model.init = "random"
     return c

@@ -46,14 +46,23 @@ class ArithDifficulty:
     zero_pad: bool = False
 
     def __post_init__(self):
+        # The fields are the arith task's task.* keys (replax.tasks.make_arith_task).
         if not 2 <= self.min_terms <= self.max_terms:
-            raise ValueError(f"need 2 <= min_terms <= max_terms, got {self}")
+            raise ValueError(
+                f"task.min_terms={self.min_terms}, task.max_terms={self.max_terms}: need "
+                "2 <= task.min_terms <= task.max_terms"
+            )
         if not 1 <= self.min_digits <= self.max_digits <= 18:
-            raise ValueError(f"need 1 <= min_digits <= max_digits <= 18, got {self}")
+            raise ValueError(
+                f"task.min_digits={self.min_digits}, task.max_digits={self.max_digits}: need "
+                "1 <= task.min_digits <= task.max_digits <= 18"
+            )
         if not self.ops or not set(self.ops) <= _OPS:
-            raise ValueError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
+            raise ValueError(
+                f"task.ops={self.ops!r}: allowed is a non-empty subset of '+-*' (e.g. '+-')"
+            )
         if self.max_mul_operand < 1:
-            raise ValueError(f"max_mul_operand must be >= 1, got {self.max_mul_operand}")
+            raise ValueError(f"task.max_mul_operand={self.max_mul_operand}: must be >= 1")
 
     def max_prompt_chars(self) -> int:
         """Upper bound on len(prompt), for choosing a max prompt length."""
