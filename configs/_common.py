@@ -80,6 +80,15 @@ def rollout(
     r.dtype = dtype
     r.cache_dtype = cache_dtype
     r.mesh_shape = ()
+    # Where the sampler runs: 'colocated' (the trainer's devices; each step decodes, then
+    # trains) or 'disjoint' (num_devices devices of its own, 0: half of them, generating
+    # the next rollouts while the trainer steps; mesh.shape is then the trainer's mesh).
+    # Disjoint: the sampler's weights are refreshed every sync_every train steps, and
+    # fresh rollouts are at most max_policy_lag train steps behind the trainer.
+    r.placement = "colocated"
+    r.num_devices = 0
+    r.sync_every = 1
+    r.max_policy_lag = 1
     return r
 
 
@@ -94,6 +103,9 @@ def train(
     t.num_microbatches = num_microbatches
     # Log-probs and entropy this many positions at a time (0: all at once, [B, T, vocab]).
     t.logits_chunk_size = logits_chunk_size
+    # rollout.placement='disjoint': train steps per generation (replayed while the next
+    # generation is in flight; the trainer waits for it after this many).
+    t.max_steps_per_generation = 1
     return t
 
 

@@ -215,13 +215,18 @@ class Checkpointer:
         replay_state,
         loop_state: dict[str, Any],
         data_iterator=None,
+        pending=None,
         force: bool = False,
     ) -> None:
+        """pending: host arrays of work in flight (disjoint placement's generation), saved
+        as the item `pending` when given."""
         args = {
             "train_state": ocp.args.StandardSave(train_state),
             "replay_state": ocp.args.StandardSave(replay_state),
             "loop_state": ocp.args.JsonSave(loop_state),
         }
+        if pending is not None:
+            args["pending"] = ocp.args.StandardSave(pending)
         if data_iterator is not None:
             args["data_iterator"] = grain.checkpoint.CheckpointSave(data_iterator)
         # The previous save seals itself before this one starts (orbax waits for it too).
@@ -304,7 +309,8 @@ class Checkpointer:
         """Restores into the structure and shardings of the given (fresh) peers.
 
         Returns (train_state, replay_state, loop_state); the data iterator is restored
-        in place.
+        in place, and the `pending` item, when the step has one, is loop_state's
+        "pending_arrays" (host arrays).
         """
         args = {
             "train_state": ocp.args.StandardRestore(abstract_like(train_state)),
@@ -313,8 +319,13 @@ class Checkpointer:
         }
         if data_iterator is not None:
             args["data_iterator"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        if (self.directory / str(step) / "pending").exists():
+            args["pending"] = ocp.args.StandardRestore()
         restored = self.manager.restore(step, args=ocp.args.Composite(**args))
-        return restored["train_state"], restored["replay_state"], restored["loop_state"]
+        loop_state = restored["loop_state"]
+        if "pending" in args:
+            loop_state = {**loop_state, "pending_arrays": restored["pending"]}
+        return restored["train_state"], restored["replay_state"], loop_state
 
     def restore_train_state(self, step: int, *, train_state):
         """Restores the train state alone (params and optimizer state), into the structure

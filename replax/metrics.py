@@ -14,7 +14,19 @@ import numpy as np
 
 # metrics.jsonl keys that measure time, which differs between any two runs (the rest of a
 # run's record is the same on every run of its config and machine).
-TIMING_KEYS = ("wall_s", "gen_s", "train_s", "mu_measured", "step_s", "gen_tokens_per_s")
+TIMING_KEYS = (
+    "wall_s",
+    "gen_s",
+    "train_s",
+    "mu_measured",
+    "step_s",
+    "gen_tokens_per_s",
+    # Disjoint placement's (replax.placement).
+    "sampler_busy_frac",
+    "trainer_busy_frac",
+    "sync_s",
+    "wait_s",
+)
 
 
 def _to_python(value):

@@ -23,6 +23,11 @@ ADDED_KEYS = {
     "rollout.dtype": "",
     "rollout.cache_dtype": "",
     "rollout.mesh_shape": [],
+    "rollout.placement": "colocated",
+    "rollout.num_devices": 0,
+    "rollout.sync_every": 1,
+    "rollout.max_policy_lag": 1,
+    "train.max_steps_per_generation": 1,
     "task.long_prompts": "error",
     # Runs before these wrote no samples.jsonl; their progress off a terminal was silent.
     "eval.num_samples": 0,

@@ -226,13 +226,24 @@ def make_add_and_sample(
     donated: freeze advantages, add the fresh rollouts to the store, sample a batch.
 
     add_and_sample(replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng,
-    generated, max_age) -> (replay_state, batch, stats). generated (bool[]): whether this
-    step generated; a step that did not stores nothing (its inputs are placeholders of the
-    same shapes). max_age (int32[]): items older than this many steps are not drawn.
+    generated, max_age, version=None) -> (replay_state, batch, stats). generated (bool[]):
+    whether this step generated; a step that did not stores nothing (its inputs are
+    placeholders of the same shapes). max_age (int32[]): items older than this many steps
+    are not drawn. version (int32[]; None: step): the train step of the policy that
+    generated the fresh rollouts, stored as their step (their age counts from it).
     """
 
     def add_and_sample(
-        replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng, generated, max_age
+        replay_state,
+        prompt_ids,
+        prompt_mask,
+        completion,
+        rewards,
+        step,
+        rng,
+        generated,
+        max_age,
+        version=None,
     ):
         # FRESH ROLLOUTS, advantages frozen at generation.
         items = make_rollouts(
@@ -249,7 +260,9 @@ def make_add_and_sample(
             spread = jnp.ptp(rewards.reshape(-1, group_size), axis=1) > 0
             keep = keep & jnp.repeat(spread, group_size)
         # ADD, THEN SAMPLE THE TRAINING BATCH.
-        replay_state = buffer.add(replay_state, items, step, keep=keep)
+        replay_state = buffer.add(
+            replay_state, items, step if version is None else version, keep=keep
+        )
         replay_state, sampled, info = buffer.sample(
             replay_state, rng, batch_size, step, max_age=max_age
         )

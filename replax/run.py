@@ -23,7 +23,7 @@ import tensorflow_datasets as tfds
 
 from replax import configuration as cfg
 from replax import data as data_lib
-from replax import evaluation, rollouts, schedules, sections, sharding
+from replax import evaluation, placement, rollouts, schedules, sections, sharding
 from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import sampler as sampler_lib
@@ -93,7 +93,12 @@ def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
     sharding.maybe_initialize_distributed()
     built = cfg.build(spec)
     rules = sharding.validate_rules(spec.mesh.rules)
-    mesh = sharding.make_mesh(spec.mesh.shape)
+    # Disjoint placement: the sampler takes devices of its own, the trainer the rest.
+    sampler_devices = placement.sampler_device_count(spec, jax.device_count())
+    train_devices, rollout_devices = placement.split_devices(sampler_devices)
+    if not sampler_devices:
+        rollout_devices = train_devices
+    mesh = sharding.make_mesh(spec.mesh.shape, devices=train_devices)
     mcfg, tokenizer = built.model_config, built.tokenizer
     model = model_lib.Transformer(mcfg)
     schedule = cfg.make_schedule(spec)
@@ -139,8 +144,9 @@ def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
         out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
         donate_argnums=(0,),
     )
-    # Decoding may use a mesh of its own (e.g. tensor-parallel) over the same devices.
-    sampler_mesh = sharding.make_mesh(spec.sampler_mesh_shape)
+    # Decoding may use a mesh of its own (e.g. tensor-parallel), over the same devices or,
+    # disjoint, over the sampler's.
+    sampler_mesh = sharding.make_mesh(spec.sampler_mesh_shape, devices=rollout_devices)
     sampler = sampler_lib.make_sampler(
         mcfg,
         stop_ids=tokenizer.stop_ids,

@@ -186,6 +186,12 @@ class Sampler:
             targets = [None] * len(leaves)
         else:
             targets = jax.tree_util.tree_leaves(self._params_shardings)
+            devices = set(self.mesh.devices.flat)
+            if any(isinstance(x, jax.Array) and x.sharding.device_set != devices for x in leaves):
+                # Weights on other devices (a disjoint trainer's): one transfer of the whole
+                # tree into the decode layout; a jitted program spans one set of devices.
+                params = jax.device_put(params, self._params_shardings)
+                leaves = jax.tree_util.tree_leaves(params)
 
         def ready(x, target):
             if not isinstance(x, jax.Array) or self.dtype not in (None, x.dtype):

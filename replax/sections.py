@@ -43,6 +43,9 @@ TOKENIZERS = ("byte", "hf")
 # or leave the data set (counted and reported).
 LONG_PROMPTS = ("error", "skip")
 REPLAY_MODES = ("fixed", "auto")
+# rollout.placement: the sampler on the trainer's devices, one phase after the other, or on
+# devices of its own, generating while the trainer steps (replax.placement).
+PLACEMENTS = ("colocated", "disjoint")
 
 
 def library_check(make):
@@ -206,9 +209,17 @@ class RolloutSection:
     dtype: str
     cache_dtype: str
     mesh_shape: tuple[int, ...]
+    placement: str
+    num_devices: int
+    sync_every: int
+    max_policy_lag: int
 
     def __post_init__(self):
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        one_of("rollout.placement", self.placement, PLACEMENTS)
+        number("rollout.num_devices", self.num_devices, low=0, integer=True)
+        number("rollout.sync_every", self.sync_every, low=1, integer=True)
+        number("rollout.max_policy_lag", self.max_policy_lag, low=0, integer=True)
         for key in ("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens"):
             positive(f"rollout.{key}", getattr(self, key))
         require(
@@ -257,9 +268,11 @@ class TrainSection:
     batch_size: int
     num_microbatches: int
     logits_chunk_size: int
+    max_steps_per_generation: int
 
     def __post_init__(self):
         positive("train.batch_size", self.batch_size)
+        number("train.max_steps_per_generation", self.max_steps_per_generation, low=1, integer=True)
         number("train.num_microbatches", self.num_microbatches, low=1, integer=True)
         number("train.logits_chunk_size", self.logits_chunk_size, low=0, integer=True)
 

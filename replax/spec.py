@@ -97,7 +97,10 @@ class RunSpec:
 
     @property
     def sampler_mesh_shape(self) -> tuple[int, ...]:
-        """The sampler's mesh: rollout.mesh_shape, or the training mesh when it is empty."""
+        """The sampler's mesh: rollout.mesh_shape, or when it is empty the training mesh
+        (disjoint: a data-parallel mesh over the sampler's devices)."""
+        if self.rollout.placement == "disjoint":
+            return self.rollout.mesh_shape or (-1, 1, 1)
         return self.rollout.mesh_shape or self.mesh.shape
 
     def optimizer_config(self) -> train_step_lib.OptimizerConfig:

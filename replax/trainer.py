@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from replax import auto_replay, progress, rollouts, runtime, schedules, sharding
+from replax import auto_replay, placement, progress, rollouts, runtime, schedules, sharding
 from replax import checkpoint as checkpoint_lib
 from replax import flops as flops_lib
 from replax import metrics as metrics_lib
@@ -99,6 +99,9 @@ class LoopState:
     schedule: schedules.Schedule
     # Steps whose loss, gradient or update was not finite: they changed nothing.
     skipped_steps: int = 0
+    # Disjoint placement: the generation in flight at the checkpoint, finished into it
+    # (replax.placement.DisjointRollouts.pending_state), until the loop takes it back.
+    pending: dict[str, Any] | None = None
 
     def state_dict(self, wall_s: float) -> dict[str, Any]:
         return {
@@ -133,6 +136,8 @@ def restore(run: Run, checkpointer, prompt_iter, log=print, warn=print):
     loop.base_accuracy = saved["base_accuracy"]
     loop.account = metrics_lib.ComputeAccount(**saved["account"])
     loop.skipped_steps = saved.get("skipped_steps", 0)
+    if saved.get("pending"):
+        loop.pending = {**saved["pending"], "arrays": saved["pending_arrays"]}
     log(f"resumed from step {loop.step}")
     return train_state, replay_state, loop
 
@@ -170,6 +175,11 @@ def run_loop(
     )
     base_key, record, stopping = jax.random.key(c.seed), {}, False
     t_start = time.time() - loop.wall_s
+    disjoint, version = None, None
+    if c.rollout.placement == "disjoint":  # the sampler on its own devices, in a thread
+        disjoint = placement.DisjointRollouts(run, base_key, c.total_steps)
+        disjoint.resume(loop.step, loop.pending)
+        loop.pending = None
     spent = lambda: bool(c.total_rollouts) and account.gen_rollouts >= c.total_rollouts
     for step in range(loop.step, c.total_steps):
         if spent():
@@ -182,7 +192,10 @@ def run_loop(
         # GENERATE R rollouts (G completions of each prompt), SCORE them on the host.
         t0 = time.time()
         fresh = idle
-        if generated:
+        if disjoint is not None:  # taken from the sampler's thread, the next one handed over
+            fresh, version, gen_s = disjoint.step(step, train_state.params, prompt_iter)
+            generated, fresh = fresh is not None, fresh or idle
+        elif generated:
             fresh = rollouts.generate_and_score(
                 run.sampler,
                 run.task,
@@ -192,7 +205,8 @@ def run_loop(
                 next(prompt_iter),
                 gen_key,
             )
-        gen_s = time.time() - t0 if generated else 0.0
+        if disjoint is None:
+            gen_s = time.time() - t0 if generated else 0.0
         # ADD, SAMPLE, STEP on the devices.
         t1 = time.time()
         replay_state, batch, stats = run.add_and_sample(
@@ -205,6 +219,8 @@ def run_loop(
             sample_key,
             jnp.bool_(generated),
             jnp.int32(max_age),
+            # Disjoint: the generating policy's step, so that ages count from it.
+            None if disjoint is None else jnp.int32(version if generated else step),
         )
         train_state, step_metrics = run.train_step(train_state, batch)
         step_metrics, stats = jax.device_get((step_metrics, stats))
@@ -216,6 +232,8 @@ def run_loop(
         )
         # The float32 rate as its shortest decimal (1e-4, not 9.99999974e-05).
         record["learning_rate"] = float(str(learning_rate))
+        if disjoint is not None:
+            record.update(_placement_record(disjoint, loop, step, version, generated, t_start))
         loop.step = step + 1
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
@@ -240,9 +258,12 @@ def run_loop(
             last,
             t_start,
             log,
+            disjoint,
         )
         if last or stopping:
             break
+    if disjoint is not None:
+        disjoint.close()
     bar.close()
     writer.close()
     if stopping and not last:
@@ -298,6 +319,7 @@ def _checkpoint_if_due(
     last,
     t_start,
     log,
+    disjoint=None,
 ) -> bool:
     """Saves the step just finished when it is due, the last one, or the run is asked to
     stop (by `stop` on any process, or by the checkpointer's preemption notice); never from
@@ -309,14 +331,37 @@ def _checkpoint_if_due(
     if saving and not train_step_lib.all_finite(train_state):
         log(f"step {loop.step}: the train state is not finite; no checkpoint written")
     elif saving:
+        # A generation in flight is finished and stored with the step (disjoint placement).
+        pending = None if disjoint is None else disjoint.pending_state()
+        loop_state = loop.state_dict(wall_s=time.time() - t_start)
+        if pending is not None:
+            loop_state["pending"] = {k: v for k, v in pending.items() if k != "arrays"}
         checkpointer.save(
             loop.step,
             train_state=train_state,
             replay_state=replay_state,
-            loop_state=loop.state_dict(wall_s=time.time() - t_start),
+            loop_state=loop_state,
             data_iterator=prompt_iter,
+            pending=None if pending is None else pending["arrays"],
         )
     return stopping
+
+
+def _placement_record(disjoint, loop: LoopState, step, version, generated, t_start):
+    """Disjoint placement's metrics: how far behind the fresh rollouts' policy was, how
+    busy each side was, the last weight transfer, and replay's realised ratio."""
+    wall = max(time.time() - t_start, 1e-9)
+    account = loop.account
+    lag = step - version if generated else None
+    return {
+        "policy_lag_mean": lag,
+        "policy_lag_max": lag,
+        "sampler_busy_frac": disjoint.busy_s / wall,
+        "trainer_busy_frac": account.train_s / wall,
+        "sync_s": disjoint.sync_s,
+        "wait_s": disjoint.wait_s if generated else 0.0,
+        "replay_ratio_realised": account.train_rollouts / max(account.gen_rollouts, 1),
+    }
 
 
 def _silent(*args, **kwargs) -> None:

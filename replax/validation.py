@@ -29,6 +29,7 @@ def validate_spec(spec: RunSpec) -> None:
     validate_auto_mode(spec)
     validate_sequence_fits_model(spec)
     validate_microbatches_with_loss(spec)
+    validate_placement(spec)
 
 
 def validate_buffer_holds_batch_and_step(spec: RunSpec) -> None:
@@ -97,6 +98,42 @@ def validate_microbatches_with_loss(spec: RunSpec) -> None:
 
 
 # ------------------------------------------------- with what build made, or the machine
+
+
+def validate_placement(spec: RunSpec) -> None:
+    """Disjoint placement runs a fixed schedule; its device count means nothing colocated."""
+    r = spec.rollout
+    if r.placement == "colocated":
+        require(
+            r.num_devices == 0,
+            f"rollout.num_devices={r.num_devices}: the sampler's own devices need "
+            "rollout.placement='disjoint' (colocated, it decodes on the trainer's)",
+        )
+        return
+    require(
+        spec.replay.mode == "fixed",
+        "rollout.placement='disjoint' needs replay.mode='fixed': the trainer takes "
+        "train.max_steps_per_generation steps per generation (auto mode plans its own)",
+    )
+
+
+def placement_devices(spec: RunSpec, num_devices: int, processes: int) -> tuple[int, int]:
+    """(trainer devices, sampler devices) out of num_devices: the same devices colocated."""
+    r = spec.rollout
+    if r.placement == "colocated":
+        return num_devices, num_devices
+    require(
+        processes == 1,
+        f"rollout.placement='disjoint' on {processes} processes: allowed is one process "
+        "(the sampler and trainer on devices of the same host)",
+    )
+    n = r.num_devices or num_devices // 2
+    require(
+        1 <= n < num_devices,
+        f"rollout.num_devices={r.num_devices} of {num_devices} devices: allowed is "
+        f"1 <= num_devices <= {num_devices - 1} (the trainer keeps the rest; 0: half)",
+    )
+    return num_devices - n, n
 
 
 def logical_shards(spec: RunSpec, logical: str, shape, num_devices: int) -> int:
@@ -202,14 +239,22 @@ def validate_answers_fit(spec: RunSpec, longest_answer: int | None):
     )
 
 
-def validate_heads_split(spec: RunSpec, model_config, sampler_shape, num_devices: int) -> None:
-    """Attention heads split over the tensor axis, of training's mesh and of the sampler's."""
-    for mesh_key, shape in (("mesh.shape", spec.mesh.shape), ("rollout.mesh_shape", sampler_shape)):
+def validate_heads_split(
+    spec: RunSpec, model_config, sampler_shape, num_devices: int, sampler_devices: int | None = None
+) -> None:
+    """Attention heads split over the tensor axis, of training's mesh (over num_devices)
+    and of the sampler's (over sampler_devices; None: the same devices)."""
+    sampler_devices = num_devices if sampler_devices is None else sampler_devices
+    meshes = (
+        ("mesh.shape", spec.mesh.shape, num_devices),
+        ("rollout.mesh_shape", sampler_shape, sampler_devices),
+    )
+    for mesh_key, shape, devices in meshes:
         for key, value, logical in (
             ("model.num_heads", model_config.num_heads, "heads"),
             ("model.num_kv_heads", model_config.num_kv_heads, "kv_heads"),
         ):
-            split = logical_shards(spec, logical, shape, num_devices)
+            split = logical_shards(spec, logical, shape, devices)
             require(
                 value % split == 0,
                 f"{key}={value} is not divisible by the {split} shards of '{logical}' on "

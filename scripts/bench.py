@@ -55,6 +55,8 @@ Groups:
            seconds over the matmul's FLOPs per CPU-second), which other load barely moves.
   hand_tuned  (only with --only) the hand-written pieces against their plain jax forms,
            back to back: see scripts/benchmarks/hand_tuned.py.
+  placement  (only with --only) colocated against disjoint placement, a step's wall time
+           when generation and training cost the same: scripts/benchmarks/placement.py.
 Reference model (design.md): vocab 512, 4 layers, d_model 256, 4 heads, 2 kv heads,
 head_dim 64, MLP 1024, fp32; prompt 16 tokens, 64 new tokens.
 """
@@ -67,13 +69,14 @@ import time
 from absl import app, flags
 from benchmarks.common import bench_machine
 from benchmarks.hand_tuned import bench_hand_tuned
+from benchmarks.placement import bench_placement
 from benchmarks.replay import bench_replay
 from benchmarks.sampling import bench_sampler, bench_top_p
 from benchmarks.train import bench_train
 
 _OUT = flags.DEFINE_string("out", None, "Write the JSON object to this file.")
 _ONLY = flags.DEFINE_list(
-    "only", None, "Comma-separated groups to run (default: all but hand_tuned)."
+    "only", None, "Comma-separated groups to run (default: all but hand_tuned, placement)."
 )
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per measurement (median).")
 
@@ -84,6 +87,7 @@ GROUPS = {
     "replay": bench_replay,
     "train": bench_train,
     "hand_tuned": bench_hand_tuned,
+    "placement": bench_placement,
 }
 DEFAULT_GROUPS = ["machine", "sampler", "top_p", "replay", "train"]
 

@@ -72,6 +72,15 @@ BAD_SETTINGS = [
     ({"rollout.top_p_candidates": 0}, "rollout.top_p_candidates"),
     ({"rollout.mesh_shape": (3, 1, 1)}, "rollout.mesh_shape"),
     ({"rollout.mesh_shape": (1, 1, 8)}, "rollout.mesh_shape"),
+    # Disjoint placement: the sampler's devices, its schedule, and its mesh on 4 devices.
+    ({"rollout.placement": "split"}, "rollout.placement"),
+    ({"rollout.placement": "disjoint", "rollout.num_devices": 8}, "rollout.num_devices"),
+    ({"rollout.num_devices": 2}, "rollout.placement='disjoint'"),
+    ({"rollout.placement": "disjoint", "rollout.max_policy_lag": -1}, "rollout.max_policy_lag"),
+    ({"rollout.placement": "disjoint", "rollout.sync_every": 0}, "rollout.sync_every"),
+    ({"train.max_steps_per_generation": 0}, "train.max_steps_per_generation"),
+    ({"rollout.placement": "disjoint", "replay.mode": "auto"}, "replay.mode='fixed'"),
+    ({"rollout.placement": "disjoint", "rollout.mesh_shape": (1, 1, 4)}, "rollout.mesh_shape"),
     # 3 prompts x pass_k 2 = 6 rows do not split over the 8 data shards.
     ({"eval.pass_k_prompts": 3}, "eval.pass_k_prompts"),
     ({"task.data_dir": "/nonexistent/replax"}, "task.data_dir"),

@@ -13,8 +13,13 @@ def test_missing_settings_get_their_old_values_and_present_ones_stay():
         "remat_policy": "none",
         "attention": "einsum",
     }
-    assert new["train"] == {"num_microbatches": 1, "logits_chunk_size": 0}
+    assert new["train"] == {
+        "num_microbatches": 1,
+        "logits_chunk_size": 0,
+        "max_steps_per_generation": 1,
+    }
     assert new["rollout"]["mesh_shape"] == [] and new["seed"] == 0
+    assert new["rollout"]["placement"] == "colocated"  # what every earlier run did
     assert old == {"model": {"d_model": 32, "scan_layers": True}, "seed": 0}  # a copy
 
 
