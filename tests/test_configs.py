@@ -292,6 +292,9 @@ def test_smollm2_config_builds_and_its_variants_generate_the_same_rollouts(check
     for c in runs.values():
         assert c.model.checkpoint.endswith(os.path.join("runs", "smollm2-135m-instruct"))
         c.model.checkpoint = checkpoint
+        # The stand-in's small tokenizer spends about 3x SmolLM2's tokens on a prompt.
+        c.rollout.max_prompt_len = 320
+        c.model.max_len = 320 + c.rollout.max_new_tokens
         configuration.validate(c)
         assert c.task.name == "word_problems" and c.model.dtype == "float32"
     replay, onpolicy = runs["replay"], runs["onpolicy"]
