@@ -371,6 +371,14 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
     assert payload["variants"]["onpolicy"]["B"] == payload["variants"]["onpolicy"]["R"] == 16
     assert payload["lr_chosen"] == {"onpolicy": 1e-4, "replay": 3e-5}
     assert (workdir / "compare.png").stat().st_size > 10_000
+    assert (workdir / "compare_entropy.png").stat().st_size > 10_000
+    assert len(payload["paper_table"]["rows"]) == 3 and len(payload["entropy_levels"]) == 5
+    for v in payload["variants"].values():
+        assert (v["placement"], v["W"], v["T"]) == ("colocated", 0, 8)
+        assert v["device_s"] == pytest.approx(8 * v["wall_s"])
+        assert set(v["entropy_at_accuracy"]) == {f"{a:.4g}" for a in payload["entropy_levels"]}
+        for key in ("entropy_at_target", "device_s_to_target", "wall_s_to_target"):
+            assert key in v, key
     assert "| onpolicy |" in (workdir / "compare.md").read_text()
     # One warm start per seed, shared by both variants; one dataset.
     assert len(os.listdir(workdir / "base")) == 2
