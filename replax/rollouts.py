@@ -214,6 +214,16 @@ def make_rollouts(
     }
 
 
+def rollout_entropy(completion):
+    """float32[]: the mean per-token entropy of the sampling distribution over R fresh
+    completions (mask bool[R, T], logprobs float32[R, T]), estimated as the held-out
+    `entropy` is (replax.evaluation): minus the mean behaviour log-prob of the sampled
+    completion tokens, all R rows' tokens weighing alike. 0 with no completion tokens."""
+    mask = completion["mask"]
+    total = jnp.sum(jnp.where(mask, completion["logprobs"], 0.0))
+    return -total / jnp.maximum(jnp.sum(mask), 1)
+
+
 def make_add_and_sample(
     buffer: replay_lib.ReplayBuffer,
     *,
@@ -226,7 +236,9 @@ def make_add_and_sample(
     donated: freeze advantages, add the fresh rollouts to the store, sample a batch.
 
     add_and_sample(replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng,
-    generated, max_age, version=None) -> (replay_state, batch, stats). generated (bool[]):
+    generated, max_age, version=None) -> (replay_state, batch, stats); stats: replay_size,
+    rollouts_kept and rollout_entropy (`rollout_entropy` of the fresh completions, all of
+    them, stored or not; meaningless on a step that did not generate). generated (bool[]):
     whether this step generated; a step that did not stores nothing (its inputs are
     placeholders of the same shapes). max_age (int32[]): items older than this many steps
     are not drawn. version (int32[]; None: step): the train step of the policy that
@@ -272,7 +284,11 @@ def make_add_and_sample(
             "age": info.age,
             "times_sampled": info.times_sampled,
         }
-        stats = {"replay_size": jnp.sum(replay_state.count), "rollouts_kept": jnp.sum(keep)}
+        stats = {
+            "replay_size": jnp.sum(replay_state.count),
+            "rollouts_kept": jnp.sum(keep),
+            "rollout_entropy": rollout_entropy(completion),
+        }
         return replay_state, batch, stats
 
     return add_and_sample

@@ -303,6 +303,7 @@ def _step_record(
         "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
         "skipped_steps": loop.skipped_steps,
         **stats,
+        "rollout_entropy": float(stats["rollout_entropy"]) if generated else None,
         **step_metrics,
         **schedule.metrics(),
     }

@@ -15,9 +15,23 @@ target give the ratios. Runs live in DIR/runs/VARIANT/lrLR/seedS and are resumab
 rerun skips finished runs. Runs with the same seed share one warm start (DIR/base) and
 one dataset (DIR/data).
 
-Writes DIR/compare.json (keys: ../shared/design.md, contract 3), DIR/compare.png
-(held-out accuracy against generated tokens, modelled cost and wall-clock; median and
-interquartile band over seeds) and DIR/compare.md (the table printed to stdout).
+Writes DIR/compare.json (keys: ../shared/design.md, contracts 3 and 9, and
+docs/reference.md), DIR/compare.png (held-out accuracy against generated tokens, modelled
+cost and wall-clock; median and interquartile band over seeds), DIR/compare_entropy.png
+(held-out entropy against held-out accuracy, one line per seed) and DIR/compare.md (the
+table printed to stdout).
+
+Entropy: each variant's `entropy_at_target` is the held-out entropy where a run first
+reaches the target, interpolated linearly in accuracy between the evaluations around it
+(analysis.entropy_at), median over the seeds that reach it (null when fewer than half
+do); `entropy_at_accuracy` the same at shared accuracy levels (`entropy_levels`:
+--entropy_levels, or 5 evenly spaced up to the smallest final accuracy of all runs from
+the largest base, analysis.accuracy_levels). Measured cost: each run's device groups come
+from its config.json (W sampler and T trainer devices when disjoint, all devices one
+group when colocated; analysis.device_groups); `device_s_to_target` = (W + T) x wall_s,
+`busy_device_s_to_target` each group's busy seconds times its devices, at the target
+(analysis.device_seconds). `paper_table`: the paper's (1 + W/T) / (1 + mu) for
+--paper_w_over_t, at the measured mu and at mu_model.
 
 Flags (absl, as scripts/train.py takes them): --config=FILE[:ARG] (default
 configs/arith.py; ARG's parts go before each variant's, e.g.
@@ -30,6 +44,7 @@ built from a config variant plus its overrides), --lr_grid
 --num_evals (evaluations per run, at equal generation spacing), --target (instead of the
 on-policy median), --override=[VARIANT:]KEY=VALUE (repeatable; with VARIANT, that
 variant's runs only: the per-variant form; without, every run, as --config.KEY=VALUE),
+--entropy_levels A,A (accuracies of entropy_at_accuracy), --paper_w_over_t 1,3,7,
 --final_pass_k_prompts N (re-evaluate each chosen run's last checkpoint with pass@k over N
 held-out prompts, cached in the run's final_eval_passN.json, and report that pass@k and
 entropy: the runs' own evaluations use 64 prompts, where one prompt is 1.6 points),
@@ -70,8 +85,25 @@ RUN_KEYS = (
     "mu_measured",
     "mu_measured_steady",
     "mean_accuracy",
+    "entropy_at_target",
+    "wall_s_to_target",
+    "device_s_to_target",
+    "busy_device_s_to_target",
+    "device_s",
+    "busy_device_s",
+    "device_s_per_trained_rollout",
 )
-NEVER_KEYS = ("gen_tokens_to_target", "cost_to_target", "cost_to_target_at_mu_measured")
+NEVER_KEYS = (
+    "gen_tokens_to_target",
+    "cost_to_target",
+    "cost_to_target_at_mu_measured",
+    "wall_s_to_target",
+    "device_s_to_target",
+    "busy_device_s_to_target",
+)
+# Measured where a run reaches a point: the median over the seeds that do (analysis.
+# median_of_reached), not "never" as +inf.
+REACHED_KEYS = ("entropy_at_target",)
 
 
 def define_flags(values) -> None:
@@ -103,6 +135,8 @@ def define_flags(values) -> None:
     define(
         "integer", "final_pass_k_prompts", 0, "Re-evaluate pass@k over N prompts.", lower_bound=0
     )
+    define("list", "entropy_levels", [], "Accuracies for entropy_at_accuracy (default: 5 shared).")
+    define("list", "paper_w_over_t", ["1", "3", "7"], "W/T ratios of the paper_table.")
 
 
 def parse_args(argv):
@@ -241,8 +275,16 @@ def run_all(plan: Plan, log=print):
     return out
 
 
-def report(plan: Plan, results, *, mu_model: float, target: float | None):
-    """compare.json's payload (without command and machine) and the curves to plot."""
+def report(
+    plan: Plan, results, *, mu_model: float, target: float | None, device_count: int | None = None
+):
+    """compare.json's payload (without command and machine) and the curves to plot.
+    device_count: the devices every run had (default: this process's, jax.device_count()),
+    which with each run's config.json gives its device groups (analysis.device_groups)."""
+    if device_count is None:
+        import jax  # imported late: the flags are parsed before JAX starts
+
+        device_count = jax.device_count()
     loaded = {
         v: [(seed, *analysis.load_run(d), d) for seed, d in res["runs"]]
         for v, res in results.items()
@@ -262,22 +304,35 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
     else:
         target_source = "--target"
     mu_for_measured = mu_measured if mu_measured is not None else mu_model
+    levels = [float(a) for a in plan.args.entropy_levels] or analysis.accuracy_levels(
+        [
+            _start_accuracy(records, base)
+            for runs in loaded.values()
+            for _, records, base, _ in runs
+        ],
+        [s["final_accuracy"] for ss in summaries.values() for s in ss],
+    )
     variants = {}
     curves = {}
     for v, runs in loaded.items():
-        per_seed = []
+        per_seed, at_levels, groups_of = [], [], []
         # Re-evaluations of the runs' last checkpoints (--final_pass_k_prompts), if any.
         finals = results[v].get("final_evals") or [{}] * len(runs)
-        for (seed, records, base, _), s, final in zip(runs, summaries[v], finals):
+        for (seed, records, base, d), s, final in zip(runs, summaries[v], finals):
+            groups = analysis.device_groups(analysis.load_run_config(d), device_count)
+            groups_of.append(groups)
             hit = analysis.to_target(
                 records,
                 target,
                 {"cost_to_target": mu_model, "cost_to_target_at_mu_measured": mu_for_measured},
                 base_accuracy=base,
+                groups=groups,
             )
             total = {"train_rollouts": s["train_rollouts"], "gen_rollouts": s["gen_rollouts"]}
             if final:  # pass@k and entropy over --final_pass_k_prompts prompts
                 s = {**s, "pass_at_k": final["eval_pass_at_k"], "entropy": final["entropy"]}
+            # The runs' own evaluations (the re-evaluation is of the last checkpoint only).
+            at_levels.append([analysis.entropy_at(records, a, base) for a in levels])
             per_seed.append(
                 {
                     **s,
@@ -285,11 +340,24 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
                     "seed": seed,
                     "total_cost": analysis.modelled_cost(total, mu_model),
                     "total_cost_at_mu_measured": analysis.modelled_cost(total, mu_for_measured),
+                    "entropy_at_target": analysis.entropy_at(records, target, base),
+                    **analysis.device_seconds(records[-1], groups),
                 }
             )
+            per_seed[-1]["device_s_per_trained_rollout"] = analysis.ratio(
+                per_seed[-1]["device_s"], s["train_rollouts"]
+            )
         config = plan.config(v, results[v]["lr"], plan.seeds[0])
+        by_level = {_level_key(a): [e[i] for e in at_levels] for i, a in enumerate(levels)}
         variants[v] = {
-            **analysis.aggregate(per_seed, RUN_KEYS, never_keys=NEVER_KEYS),
+            **analysis.aggregate(
+                per_seed, RUN_KEYS, never_keys=NEVER_KEYS, reached_keys=REACHED_KEYS
+            ),
+            "entropy_at_accuracy": {
+                k: analysis.median_of_reached(values) for k, values in by_level.items()
+            },
+            "entropy_at_accuracy_per_seed": by_level,
+            **groups_of[0],
             "lr": results[v]["lr"],
             "seeds": [s["seed"] for s in per_seed],
             "run_dirs": [os.path.relpath(d, plan.workdir) for *_, d in runs],
@@ -304,13 +372,24 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
         ref, cand = variants.get(REFERENCE), variants.get(name)
         if ref is None or cand is None:
             return dict.fromkeys(
-                ("inference_ratio", "compute_ratio", "compute_ratio_at_mu_measured")
+                (
+                    "inference_ratio",
+                    "compute_ratio",
+                    "compute_ratio_at_mu_measured",
+                    "device_s_ratio",
+                    "busy_device_s_ratio",
+                )
             )
         return {
             "inference_ratio": analysis.ratio(cand["gen_tokens_to_target"], ref["gen_tokens"]),
             "compute_ratio": analysis.ratio(cand["cost_to_target"], ref["total_cost"]),
             "compute_ratio_at_mu_measured": analysis.ratio(
                 cand["cost_to_target_at_mu_measured"], ref["total_cost_at_mu_measured"]
+            ),
+            # Measured: device-seconds to the target over the reference's whole run.
+            "device_s_ratio": analysis.ratio(cand["device_s_to_target"], ref["device_s"]),
+            "busy_device_s_ratio": analysis.ratio(
+                cand["busy_device_s_to_target"], ref["busy_device_s"]
             ),
         }
 
@@ -332,8 +411,68 @@ def report(plan: Plan, results, *, mu_model: float, target: float | None):
         "select_by": plan.args.select_by,
         # 0: pass@k and entropy are the runs' own final evaluations (config.eval sizes).
         "final_pass_k_prompts": plan.args.final_pass_k_prompts,
+        # The accuracies of each variant's entropy_at_accuracy (--entropy_levels, or
+        # analysis.accuracy_levels of all runs).
+        "entropy_levels": levels,
+        "paper_table": paper_table(
+            [float(r) for r in plan.args.paper_w_over_t], mu_measured, mu_model, variants
+        ),
     }
     return payload, curves
+
+
+def _start_accuracy(records, base):
+    """A run's accuracy before training: its base, or its first evaluation's when the base
+    is unknown."""
+    return base if base is not None else analysis.eval_records(records)[0]["eval_accuracy"]
+
+
+def _level_key(accuracy: float) -> str:
+    return f"{accuracy:.4g}"
+
+
+def paper_table(w_over_t, mu_measured, mu_model, variants) -> dict:
+    """The paper's W / T table: for each ratio of W sampler to T trainer devices, the
+    modelled compute of an asynchronous run whose trainer never waits, per rollout trained
+    on, relative to synchronous on-policy, (1 + W/T) / (1 + mu) (analysis.
+    paper_compute_ratio), at the measured mu and at mu_model; and the replay ratio B / R
+    that keeps the trainer from waiting, mu / (W/T) (the sampler's R rollouts take mu R /
+    W, the trainer's B take B / T). `measured`: each disjoint variant's device-seconds per
+    rollout trained on over the reference's (device_s / train_rollouts of whole runs), next
+    to the formula at its own W / T and the measured mu."""
+    mus = {"at_mu_measured": mu_measured, "at_mu_model": mu_model}
+    rows = []
+    for r in w_over_t:
+        row = {"W_over_T": r}
+        for name, mu in mus.items():
+            row[f"compute_ratio_{name}"] = analysis.paper_compute_ratio(r, mu)
+            row[f"min_replay_ratio_{name}"] = None if mu is None else mu / r
+        rows.append(row)
+    measured = {}
+    ref = variants.get(REFERENCE)
+    for v, s in variants.items():
+        if s["placement"] != "disjoint" or not s["T"]:
+            continue
+        measured[v] = {
+            "W": s["W"],
+            "T": s["T"],
+            "W_over_T": s["W"] / s["T"],
+            "device_s_per_trained_rollout_ratio": None
+            if ref is None
+            else analysis.ratio(
+                s["device_s_per_trained_rollout"], ref["device_s_per_trained_rollout"]
+            ),
+            "compute_ratio_at_mu_measured": analysis.paper_compute_ratio(
+                s["W"] / s["T"], mu_measured
+            ),
+        }
+    return {
+        "formula": "(1 + W/T) / (1 + mu)",
+        "mu_measured": mu_measured,
+        "mu_model": mu_model,
+        "rows": rows,
+        "measured": measured,
+    }
 
 
 def table(payload) -> str:
@@ -349,6 +488,8 @@ def table(payload) -> str:
                 analysis.fmt(s["gen_tokens_to_target"], "int"),
                 analysis.fmt(s["cost_to_target"], "int"),
                 analysis.fmt(s["wall_s"], "int"),
+                analysis.fmt(s["entropy_at_target"]),
+                analysis.fmt(s["device_s_to_target"], "int"),
             ]
         )
     header = [
@@ -360,6 +501,8 @@ def table(payload) -> str:
         "tokens to target",
         f"cost to target (mu={payload['mu_model']:g})",
         "wall s",
+        "entropy at target",
+        "device s to target",
     ]
     notes = (
         f"\nTarget {100 * payload['target_accuracy']:.1f}% ({payload['target_source']}); "
@@ -412,6 +555,42 @@ def plot(payload, curves, path: str) -> None:
     plt.close(fig)
 
 
+def plot_entropy(payload, curves, path: str) -> None:
+    """Held-out entropy against held-out accuracy, one line per seed, a colour per
+    variant; a star at each variant's entropy_at_target, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (v, runs) in enumerate(curves.items()):
+        colour = colours[i % len(colours)]
+        for j, (records, _) in enumerate(runs):
+            points = [r for r in analysis.eval_records(records) if r.get("entropy") is not None]
+            xs = [r["eval_accuracy"] for r in points]
+            label = f"{v} (lr {payload['lr_chosen'][v]:g})" if j == 0 else None
+            ax.plot(xs, [r["entropy"] for r in points], "o-", color=colour, alpha=0.6,
+                    markersize=3, label=label)  # fmt: skip
+        at_target = payload["variants"][v]["entropy_at_target"]
+        if at_target is not None:
+            ax.plot([payload["target_accuracy"]], [at_target], "*", color=colour, markersize=12)
+    ax.axvline(payload["target_accuracy"], color="k", linestyle="--", linewidth=1)
+    ax.set_xlabel("held-out accuracy (greedy pass@1)")
+    ax.set_ylabel("held-out entropy (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    ax.set_title(
+        f"seeds {payload['seeds']}; dashed: target {100 * payload['target_accuracy']:.1f}%, "
+        "star: median entropy there",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     t0, load_start = time.time(), analysis.load_average()
@@ -426,7 +605,11 @@ def main(argv=None) -> int:
     with ex.compilation_cache(ex.cache_dir(args.compilation_cache, plan.workdir)):
         results = run_all(plan)
     payload, curves = report(plan, results, mu_model=args.mu_model, target=args.target)
-    plot_to = lambda path: plot(payload, curves, path)  # noqa: E731
+
+    def plot_to(path):  # compare.png, and compare_entropy.png beside it
+        plot(payload, curves, path)
+        plot_entropy(payload, curves, os.path.join(os.path.dirname(path), "compare_entropy.png"))
+
     ex.write_report(plan.workdir, "compare", payload, table(payload), plot_to, argv, t0, load_start)
     return 0
 

@@ -86,3 +86,75 @@ def test_finished_runs_from_their_files(tmp_path):
     assert analysis.is_finished(str(tmp_path), 4, total_rollouts=16)  # budget spent
     records, base = analysis.load_run(str(tmp_path))
     assert [r["step"] for r in records] == [1, 2, 3] and base == 0.1
+
+
+# Held-out accuracy and entropy of three evaluations.
+EVALS = [
+    {"step": 1, "eval_accuracy": 0.2, "entropy": 2.0},
+    {"step": 2, "eval_accuracy": 0.4, "entropy": 1.6},
+    {"step": 3, "eval_accuracy": 0.6, "entropy": 1.0},
+]
+
+
+def test_entropy_where_a_run_first_reaches_an_accuracy():
+    # Between 0.4 (1.6) and 0.6 (1.0): 1.6 + (0.1 / 0.2) (1.0 - 1.6) = 1.3.
+    assert analysis.entropy_at(EVALS, 0.5) == pytest.approx(1.3)
+    assert analysis.entropy_at(EVALS, 0.4) == pytest.approx(1.6)  # reached exactly
+    # The first evaluation (or the base) already there: nothing below to interpolate from.
+    assert analysis.entropy_at(EVALS, 0.1) == 2.0
+    assert analysis.entropy_at(EVALS, 0.5, base_accuracy=0.5) == 2.0
+    assert analysis.entropy_at(EVALS, 0.7) is None  # never reached
+    assert analysis.entropy_at(RECORDS[:2], 0.3) is None  # no entropy measured
+    # From the last evaluation below, after a dip: 1.8 + (0.2 / 0.3) (1.0 - 1.8).
+    dip = [
+        {"eval_accuracy": 0.2, "entropy": 2.0},
+        {"eval_accuracy": 0.45, "entropy": 1.5},
+        {"eval_accuracy": 0.3, "entropy": 1.8},
+        {"eval_accuracy": 0.6, "entropy": 1.0},
+    ]
+    assert analysis.entropy_at(dip, 0.5) == pytest.approx(1.8 - 0.8 * 2 / 3)
+
+
+def test_shared_accuracy_levels_and_medians_of_the_runs_that_reach_them():
+    # From the largest start (0.2) to the smallest final (0.6) in 5 steps.
+    assert analysis.accuracy_levels([0.1, 0.2], [0.7, 0.6]) == [0.28, 0.36, 0.44, 0.52, 0.6]
+    # A run ends (0.4) below another's start (0.5): the smallest start to the largest final.
+    assert analysis.accuracy_levels([0.1, 0.5], [0.4, 0.9]) == [0.26, 0.42, 0.58, 0.74, 0.9]
+    assert analysis.accuracy_levels([], []) == []
+    assert analysis.median_of_reached([1.0, None, 3.0]) == 2.0
+    assert analysis.median_of_reached([1.0, None]) == 1.0  # half of them: enough
+    assert analysis.median_of_reached([1.0, None, None]) is None
+    assert analysis.median_of_reached([]) is None
+    seeds = [{"e": 1.0}, {"e": None}, {"e": 3.0}]
+    out = analysis.aggregate(seeds, ["e"], reached_keys=["e"])
+    assert out["e"] == 2.0 and out["per_seed"]["e"] == [1.0, None, 3.0]
+    assert out["iqr"]["e"] == [1.5, 2.5]
+
+
+def test_device_groups_and_device_seconds():
+    from replax import runtime
+
+    assert analysis.RUN_CONFIG_FILE == runtime.RUN_CONFIG_FILE
+    colocated = analysis.device_groups(None, 8)
+    assert colocated == {"placement": "colocated", "W": 0, "T": 8}
+    disjoint = {"rollout": {"placement": "disjoint", "num_devices": 2}}
+    assert analysis.device_groups(disjoint, 8) == {"placement": "disjoint", "W": 2, "T": 6}
+    half = {"rollout": {"placement": "disjoint", "num_devices": 0}}
+    assert analysis.device_groups(half, 8)["W"] == 4  # 0: half of them
+    # RECORDS[0]: 16 s wall, 10 s generating, 5 s training.
+    got = analysis.device_seconds(RECORDS[0], colocated)
+    assert got == {"device_s": 8 * 16.0, "busy_device_s": 8 * 15.0}
+    got = analysis.device_seconds(RECORDS[0], analysis.device_groups(disjoint, 8))
+    assert got == {"device_s": 8 * 16.0, "busy_device_s": 2 * 10.0 + 6 * 5.0}
+    # At the target 0.5 (step 3: 22 s wall, 14 + 7 busy), never, and reached by the base.
+    hit = analysis.to_target(RECORDS, 0.5, {}, groups=colocated)
+    assert hit["wall_s_to_target"] == 22.0
+    assert (hit["device_s_to_target"], hit["busy_device_s_to_target"]) == (176.0, 168.0)
+    never = analysis.to_target(RECORDS, 0.9, {}, groups=colocated)
+    assert never["device_s_to_target"] == math.inf and never["wall_s_to_target"] == math.inf
+    start = analysis.to_target(RECORDS, 0.5, {}, base_accuracy=0.5, groups=colocated)
+    assert start["device_s_to_target"] == 0 and start["busy_device_s_to_target"] == 0
+    assert "device_s_to_target" not in analysis.to_target(RECORDS, 0.5, {})  # as before
+    # The paper's (1 + W/T) / (1 + mu): W/T = 3 at mu = 6.
+    assert analysis.paper_compute_ratio(3, 6.0) == pytest.approx(4 / 7)
+    assert analysis.paper_compute_ratio(3, None) is None

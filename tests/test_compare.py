@@ -24,9 +24,26 @@ def load_script(name):
 compare = load_script("compare")
 
 
-def write_run(workdir, *, r, b, steps, eval_every, accuracies, tokens_per_step, mu):
-    """metrics.jsonl of a run generating r and training on b rollouts per step."""
+def write_run(
+    workdir,
+    *,
+    r,
+    b,
+    steps,
+    eval_every,
+    accuracies,
+    tokens_per_step,
+    mu,
+    entropies=None,
+    config=None,
+):
+    """metrics.jsonl of a run generating r and training on b rollouts per step; held-out
+    entropy 0.3 at every evaluation unless `entropies` says; config.json when given."""
     os.makedirs(workdir)
+    entropies = entropies or [0.3] * len(accuracies)
+    if config is not None:
+        with open(os.path.join(workdir, analysis.RUN_CONFIG_FILE), "w") as f:
+            json.dump(config, f)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
         for step in range(1, steps + 1):
             record = {
@@ -43,7 +60,7 @@ def write_run(workdir, *, r, b, steps, eval_every, accuracies, tokens_per_step, 
                 record.update(
                     eval_accuracy=accuracies[step // eval_every - 1],
                     eval_pass_at_k=0.9,
-                    entropy=0.3,
+                    entropy=entropies[step // eval_every - 1],
                 )
             f.write(json.dumps(record) + "\n")
 
@@ -103,6 +120,94 @@ def test_ratios_on_hand_made_metrics(tmp_path):
     # The curves plot and the table prints without training.
     compare.plot(payload, curves, str(tmp_path / "compare.png"))
     assert "| replay | 0.0001 | 55.0% |" in compare.table(payload)
+
+
+def test_entropy_and_measured_costs_on_hand_made_metrics(tmp_path):
+    """The runs of test_ratios_on_hand_made_metrics (target 0.5), replay now disjoint on
+    W = 2 of 8 devices (T = 6) and with its own held-out entropies."""
+    onpolicy = [[0.3, 0.4, 0.45, 0.5], [0.3, 0.35, 0.5, 0.6], [0.2, 0.3, 0.4, 0.4]]
+    replay = [[0.4, 0.5, 0.55, 0.55], [0.45, 0.45, 0.52, 0.6], [0.3, 0.4, 0.4, 0.45]]
+    replay_entropies = [[1.0, 0.9, 0.8, 0.7], [1.2, 1.0, 0.65, 0.6], [1.0] * 4]
+    disjoint = {"rollout": {"placement": "disjoint", "num_devices": 2}}
+    results = {}
+    for name, accs, r, steps, every, mu in (
+        ("onpolicy", onpolicy, 64, 4, 1, 0.5),
+        ("replay", replay, 32, 8, 2, 0.4),
+    ):
+        runs = []
+        for seed, acc in enumerate(accs):
+            d = str(tmp_path / name / f"seed{seed}")
+            write_run(
+                d,
+                r=r,
+                b=64,
+                steps=steps,
+                eval_every=every,
+                accuracies=acc,
+                tokens_per_step=100 * 32 // r,
+                mu=mu,
+                entropies=replay_entropies[seed] if name == "replay" else None,
+                config=disjoint if name == "replay" else None,
+            )
+            runs.append((seed, d))
+        results[name] = {"lr_grid": [], "lr": 1e-4, "runs": runs}
+    plan = compare.Plan(compare.parse_args([f"--workdir={tmp_path}"]))
+    payload, curves = compare.report(plan, results, mu_model=6.0, target=None, device_count=8)
+    on, rp = payload["variants"]["onpolicy"], payload["variants"]["replay"]
+
+    # ENTROPY AT THE TARGET, 0.5. Seed 0 reaches it at its second evaluation (0.9); seed 1
+    # at its third, 0.52, after 0.45: 1.0 + (0.05 / 0.07) (0.65 - 1.0) = 0.75; seed 2
+    # never. Two of three reach it: the median of theirs.
+    assert rp["per_seed"]["entropy_at_target"] == pytest.approx([0.9, 0.75, None])
+    assert rp["entropy_at_target"] == pytest.approx(0.825)
+    assert rp["iqr"]["entropy_at_target"] == pytest.approx([0.7875, 0.8625])
+    assert on["entropy_at_target"] == pytest.approx(0.3)
+    # ENTROPY AT SHARED LEVELS. Without bases the runs start at their first evaluations;
+    # the largest start (0.45) is above the smallest final (0.4), so the levels span the
+    # smallest start to the largest final: 0.2 + 0.08 k, k = 1..5.
+    assert payload["entropy_levels"] == pytest.approx([0.28, 0.36, 0.44, 0.52, 0.6])
+    # 0.44: seed 0 between 0.4 and 0.5 (1.0 + 0.4 (0.9 - 1.0) = 0.96), seed 1 at its
+    # first evaluation (1.2: nothing below to interpolate from), seed 2 at its last.
+    assert rp["entropy_at_accuracy_per_seed"]["0.44"] == pytest.approx([0.96, 1.2, 1.0])
+    assert rp["entropy_at_accuracy"]["0.44"] == pytest.approx(1.0)
+    assert rp["entropy_at_accuracy"]["0.6"] is None  # seed 1 alone reaches 0.6
+    # MEASURED COSTS. On-policy, colocated on 8 devices, 4 steps of 2 s wall (1 s
+    # generating, 0.5 s training): device_s = 8 x 8 = 64, busy 8 x (4 + 2) = 48.
+    assert (on["placement"], on["W"], on["T"]) == ("colocated", 0, 8)
+    assert on["device_s"] == 64 and on["busy_device_s"] == 48
+    # Replay, disjoint W = 2, T = 6: seed 0 at step 4 (8 s: (2 + 6) x 8 = 64 device-s,
+    # busy 2 x 4 + 6 x 2 = 20), seed 1 at step 6 (12 s: 96, busy 30), seed 2 never.
+    assert (rp["placement"], rp["W"], rp["T"]) == ("disjoint", 2, 6)
+    assert rp["per_seed"]["wall_s_to_target"] == [8, 12, None]
+    assert rp["per_seed"]["device_s_to_target"] == [64, 96, None]
+    assert rp["per_seed"]["busy_device_s_to_target"] == [20, 30, None]
+    assert (rp["wall_s_to_target"], rp["device_s_to_target"]) == (12, 96)
+    assert payload["device_s_ratio"] == pytest.approx(96 / 64)
+    assert payload["busy_device_s_ratio"] == pytest.approx(30 / 48)
+    # THE PAPER'S W / T TABLE at the measured mu (0.45) and mu_model (6).
+    table = payload["paper_table"]
+    assert [row["W_over_T"] for row in table["rows"]] == [1, 3, 7]
+    row = table["rows"][1]
+    assert row["compute_ratio_at_mu_measured"] == pytest.approx(4 / 1.45)
+    assert row["compute_ratio_at_mu_model"] == pytest.approx(4 / 7)
+    assert row["min_replay_ratio_at_mu_model"] == pytest.approx(2.0)
+    # Measured: 128 device-s over 512 trained rollouts against 64 over 256.
+    measured = table["measured"]["replay"]
+    assert measured["W_over_T"] == pytest.approx(1 / 3)
+    assert measured["device_s_per_trained_rollout_ratio"] == pytest.approx(1.0)
+    assert measured["compute_ratio_at_mu_measured"] == pytest.approx((4 / 3) / 1.45)
+    assert "onpolicy" not in table["measured"]
+    compare.plot_entropy(payload, curves, str(tmp_path / "compare_entropy.png"))
+    assert (tmp_path / "compare_entropy.png").stat().st_size > 10_000
+    assert "| replay | 0.0001 |" in compare.table(payload)
+
+    # A target that one run of three reaches: no entropy there, nor tokens to it.
+    payload, _ = compare.report(plan, results, mu_model=6.0, target=0.58, device_count=8)
+    for v in ("onpolicy", "replay"):
+        s = payload["variants"][v]
+        assert s["entropy_at_target"] is None and s["gen_tokens_to_target"] is None, v
+        assert s["iqr"]["entropy_at_target"] is None
+        assert s["per_seed"]["entropy_at_target"][1] is not None  # seed 1 reaches 0.6
 
 
 def test_learning_rate_selection_rules():
@@ -266,6 +371,14 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
     assert payload["variants"]["onpolicy"]["B"] == payload["variants"]["onpolicy"]["R"] == 16
     assert payload["lr_chosen"] == {"onpolicy": 1e-4, "replay": 3e-5}
     assert (workdir / "compare.png").stat().st_size > 10_000
+    assert (workdir / "compare_entropy.png").stat().st_size > 10_000
+    assert len(payload["paper_table"]["rows"]) == 3 and len(payload["entropy_levels"]) == 5
+    for v in payload["variants"].values():
+        assert (v["placement"], v["W"], v["T"]) == ("colocated", 0, 8)
+        assert v["device_s"] == pytest.approx(8 * v["wall_s"])
+        assert set(v["entropy_at_accuracy"]) == {f"{a:.4g}" for a in payload["entropy_levels"]}
+        for key in ("entropy_at_target", "device_s_to_target", "wall_s_to_target"):
+            assert key in v, key
     assert "| onpolicy |" in (workdir / "compare.md").read_text()
     # One warm start per seed, shared by both variants; one dataset.
     assert len(os.listdir(workdir / "base")) == 2
