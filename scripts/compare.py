@@ -15,8 +15,8 @@ target give the ratios. Runs live in DIR/runs/VARIANT/lrLR/seedS and are resumab
 rerun skips finished runs. Runs with the same seed share one warm start (DIR/base) and
 one dataset (DIR/data).
 
-Writes DIR/compare.json (keys: ../shared/design.md, contracts 3 and 9, and
-docs/reference.md), DIR/compare.png (held-out accuracy against generated tokens, modelled
+Writes DIR/compare.json (its keys: docs/reference.md), DIR/compare.png (held-out
+accuracy against generated tokens, modelled
 cost and wall-clock; median and interquartile band over seeds), DIR/compare_entropy.png
 (held-out entropy against held-out accuracy, one line per seed) and DIR/compare.md (the
 table printed to stdout).
