@@ -16,8 +16,7 @@ rerun skips finished runs. Runs with the same seed share one warm start (DIR/bas
 one dataset (DIR/data).
 
 Writes DIR/compare.json (its keys: docs/reference.md), DIR/compare.png (held-out
-accuracy against generated tokens, modelled
-cost and wall-clock; median and interquartile band over seeds), DIR/compare_entropy.png
+accuracy against generated tokens, modelled cost and wall-clock; median and interquartile band over seeds), DIR/compare_entropy.png
 (held-out entropy against held-out accuracy, one line per seed) and DIR/compare.md (the
 table printed to stdout).
 
