@@ -16,9 +16,9 @@ rerun skips finished runs. Runs with the same seed share one warm start (DIR/bas
 one dataset (DIR/data).
 
 Writes DIR/compare.json (its keys: docs/reference.md), DIR/compare.png (held-out
-accuracy against generated tokens, modelled cost and wall-clock; median and interquartile band over seeds), DIR/compare_entropy.png
-(held-out entropy against held-out accuracy, one line per seed) and DIR/compare.md (the
-table printed to stdout).
+accuracy against generated tokens, modelled cost and wall-clock; median and
+interquartile band over seeds), DIR/compare_entropy.png (held-out entropy against
+held-out accuracy, one line per seed) and DIR/compare.md (the table printed to stdout).
 
 Entropy: each variant's `entropy_at_target` is the held-out entropy where a run first
 reaches the target, interpolated linearly in accuracy between the evaluations around it
