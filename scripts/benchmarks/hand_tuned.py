@@ -23,7 +23,7 @@ import dataclasses
 import statistics
 
 from benchmarks.common import NEW_TOKENS, PROMPT_LEN, reference_model_config, timed
-from benchmarks.replay import ITEM_LEN, REPLAY_BATCH, replay_items
+from benchmarks.replay import REPLAY_BATCH, replay_items
 
 
 def _plain_sample_tokens(uniform, logits, config):
@@ -136,35 +136,10 @@ def _train_call():
     """A compiled train step () -> (state, metrics), donating its state, and its compiled
     temporary bytes."""
     import jax
-    import numpy as np
 
-    from benchmarks.train import train_batch
-    from replax import model as model_lib
-    from replax import objectives, sharding
-    from replax import train_step as train_step_lib
+    from benchmarks.train import reference_train_step
 
-    config = dataclasses.replace(reference_model_config(), max_len=ITEM_LEN)
-    model = model_lib.Transformer(config)
-    mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    rules = sharding.validate_rules(sharding.DEFAULT_RULES)
-    optimizer = train_step_lib.make_optimizer(
-        train_step_lib.OptimizerConfig(learning_rate=1e-6, grad_clip=1.0)
-    )
-    state, state_shardings = train_step_lib.init_train_state(
-        model, optimizer, jax.random.key(0), mesh, rules
-    )
-    batch = train_batch(config, state.params, np.random.default_rng(0))
-    batch_sharding = train_step_lib.batch_shardings(mesh, rules, batch)
-    batch = jax.device_put(batch, batch_sharding)
-    step = train_step_lib.make_train_step(
-        model,
-        optimizer,
-        objectives.LossConfig(name="ppo"),
-        mesh,
-        rules,
-        state_shardings,
-        batch_sharding,
-    )
+    step, state, batch, _ = reference_train_step()
     temp_bytes = step.jitted.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
     holder = {"state": state}
 

@@ -62,18 +62,18 @@ def train_batch(config, params, rng):
     }
 
 
-def bench_train(repeats: int) -> dict:
+def reference_train_step():
+    """(step, state, batch, config): the jitted PPO train step of the reference model (AdamW,
+    global-norm clipping, state donated), its fresh state and a realistic batch, placed."""
     import dataclasses
 
     import jax
     import numpy as np
 
-    from replax import flops as flops_lib
     from replax import model as model_lib
     from replax import objectives, sharding
     from replax import train_step as train_step_lib
 
-    probe = _machine_probe()
     config = dataclasses.replace(reference_model_config(), max_len=ITEM_LEN)
     model = model_lib.Transformer(config)
     mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
@@ -96,6 +96,17 @@ def bench_train(repeats: int) -> dict:
         state_shardings,
         batch_sharding,
     )
+    return step, state, batch, config
+
+
+def bench_train(repeats: int) -> dict:
+    import jax
+    import numpy as np
+
+    from replax import flops as flops_lib
+
+    probe = _machine_probe()
+    step, state, batch, config = reference_train_step()
     for _ in range(2):  # warm-up: compile
         state, metrics = jax.block_until_ready(step(state, batch))
     flops = flops_lib.train_flops(config, TRAIN_BATCH, ITEM_LEN)
