@@ -25,7 +25,21 @@ def _accuracy(accuracy: float | None) -> str:
     return "  -  " if accuracy is None else f"{100 * accuracy:5.1f}%"
 
 
-class ProgressBar:
+class _Latest:
+    """The figures a progress display keeps showing: the last reward (None on a step that
+    generated nothing) and the last held-out accuracy (None between evaluations)."""
+
+    last_accuracy = None
+    last_reward = None
+
+    def _remember(self, reward: float | None, accuracy: float | None) -> None:
+        if accuracy is not None:
+            self.last_accuracy = accuracy
+        if reward is not None:
+            self.last_reward = reward
+
+
+class ProgressBar(_Latest):
     """One-line terminal progress: step, reward, accuracy, tokens/s and ETA."""
 
     def __init__(
@@ -44,10 +58,7 @@ class ProgressBar:
     ) -> None:
         """reward: this step's mean reward, None on a step that generated nothing (the bar
         keeps showing the last one)."""
-        if accuracy is not None:
-            self.last_accuracy = accuracy
-        if reward is not None:
-            self.last_reward = reward
+        self._remember(reward, accuracy)
         eta = _eta(time.time() - self.t0, step - self.start_step, self.total, step)
         width = 24
         filled = int(width * step / max(self.total, 1))
@@ -66,7 +77,7 @@ class ProgressBar:
             self.stream.flush()
 
 
-class ProgressLog:
+class ProgressLog(_Latest):
     """Progress off a terminal: one line (step N/TOTAL, reward, last held-out accuracy,
     tokens/s, time left) at the first step, then at most every print_every_s seconds
     (0: every step), and at the last step, so that a log file grows at a known pace."""
@@ -89,10 +100,7 @@ class ProgressLog:
     def update(
         self, step: int, reward: float | None, tokens_per_s: float, accuracy: float | None = None
     ) -> None:
-        if accuracy is not None:
-            self.last_accuracy = accuracy
-        if reward is not None:
-            self.last_reward = reward
+        self._remember(reward, accuracy)
         now = self.clock()
         due = self.printed_at is None or now - self.printed_at >= self.print_every_s
         if not (due or step >= self.total):
@@ -111,7 +119,7 @@ class ProgressLog:
         pass
 
 
-class NotebookBar:
+class NotebookBar(_Latest):
     """A live tqdm bar (tqdm.auto draws a widget in a notebook) with the same figures."""
 
     def __init__(self, total_steps: int, start_step: int = 0, *, tqdm):
@@ -121,10 +129,7 @@ class NotebookBar:
     def update(
         self, step: int, reward: float | None, tokens_per_s: float, accuracy: float | None = None
     ) -> None:
-        if accuracy is not None:
-            self.last_accuracy = accuracy
-        if reward is not None:
-            self.last_reward = reward
+        self._remember(reward, accuracy)
         figures = {"tok/s": f"{tokens_per_s:,.0f}"}
         if self.last_reward is not None:
             figures["reward"] = f"{self.last_reward:.3f}"
