@@ -174,6 +174,8 @@ def loss() -> ml_collections.ConfigDict:
     c.aggregation = "token_mean"
     # Group-normalised advantages: divide by the group's std (GRPO) or not (Dr.GRPO).
     c.normalize_std = True
+    # Weight of positive-advantage rollouts in the loss (W-REINFORCE's lambda below 1).
+    c.positive_weight = 1.0
     return c
 
 

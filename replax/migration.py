@@ -29,6 +29,7 @@ ADDED_KEYS = {
     "rollout.max_policy_lag": 1,
     "train.max_steps_per_generation": 1,
     "task.long_prompts": "error",
+    "loss.positive_weight": 1.0,
     # Runs before these wrote no samples.jsonl; their progress off a terminal was silent.
     "eval.num_samples": 0,
     "log.print_every_s": 60.0,

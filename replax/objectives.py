@@ -51,6 +51,10 @@ class LossConfig:
       (clip pi / pi_prox, reweight by sg(min(pi_prox / mu, rho_max))), `m2po` (A pi / mu,
       unclipped, over the tokens left once the largest squared log ratios are masked until
       their batch mean is <= m2po_tau), `reinforce` (A log pi).
+    positive_weight: lambda, the weight of a rollout whose advantage (for `asymre`, whose
+      r - (baseline + delta_v)) is positive; negatives keep weight 1. Below 1 it is
+      W-REINFORCE's down-weighting of positive samples (Zhu et al. 2025): reinforcing
+      answers that are already likely is what lowers the policy's entropy.
     kl_coef: weight of the k3 estimate of KL(pi || reference). entropy_coef: weight of the
       entropy bonus. aggregation: `token_mean` (sum over all tokens / tokens in the batch)
       or `sequence_mean` (mean over each sequence's tokens, then over sequences).
@@ -66,6 +70,7 @@ class LossConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     aggregation: str = "token_mean"
+    positive_weight: float = 1.0
 
     def __post_init__(self):
         if self.name not in LOSSES:
@@ -86,6 +91,8 @@ class LossConfig:
                 f"need rho_max > 0, m2po_tau > 0, kl_coef >= 0; got "
                 f"{self.rho_max}, {self.m2po_tau}, {self.kl_coef}"
             )
+        if not self.positive_weight > 0:
+            raise ValueError(f"positive_weight={self.positive_weight} must be > 0")
 
 
 def _ppo_clip(ratio, advantage, config: LossConfig):
@@ -105,6 +112,18 @@ def _sequence_token_loss(
 ):
     """Per-token loss of ONE sequence. Log-probs [L]; advantage, reward, baseline [].
     Returns (loss [L], clipped_low bool[L], clipped_high bool[L])."""
+    loss, clipped_low, clipped_high = _policy_token_loss(
+        config, logprobs, behaviour_logprobs, proximal_logprobs, advantage, reward, baseline
+    )
+    # W-REINFORCE's lambda scales the policy term of a positive sequence only (KL and
+    # entropy terms are added after): min(r lambda A, clip(r) lambda A) = lambda x PPO's.
+    signal = reward - (baseline + config.delta_v) if config.name == "asymre" else advantage
+    return jnp.where(signal > 0, config.positive_weight, 1.0) * loss, clipped_low, clipped_high
+
+
+def _policy_token_loss(
+    config: LossConfig, logprobs, behaviour_logprobs, proximal_logprobs, advantage, reward, baseline
+):
     ratio = jnp.exp(logprobs - behaviour_logprobs)  # [L] pi / mu
     never = jnp.zeros(logprobs.shape, bool)
     sg = jax.lax.stop_gradient

@@ -368,6 +368,7 @@ class LossSection:
     entropy_coef: float
     aggregation: str
     normalize_std: bool
+    positive_weight: float
 
     def __post_init__(self):
         number("loss.epsilon_low", self.epsilon_low, low=0, high=1, high_open=True)
@@ -375,6 +376,7 @@ class LossSection:
             number(f"loss.{key}", getattr(self, key), low=0)
         number("loss.rho_max", self.rho_max, low=0, low_open=True)
         number("loss.entropy_coef", self.entropy_coef)
+        number("loss.positive_weight", self.positive_weight, low=0, low_open=True)
         one_of("loss.name", self.name, objectives.LOSSES)
         one_of("loss.aggregation", self.aggregation, objectives.AGGREGATIONS)
         library_check(self.config)
@@ -391,6 +393,7 @@ class LossSection:
             kl_coef=self.kl_coef,
             entropy_coef=self.entropy_coef,
             aggregation=self.aggregation,
+            positive_weight=self.positive_weight,
         )
 
 

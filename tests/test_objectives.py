@@ -167,6 +167,23 @@ def test_kl_entropy_and_sample_weights_enter_the_loss():
     np.testing.assert_allclose(metrics["entropy"], numpy_token_mean(entropy), rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["ppo", "asymre", "reinforce"])
+def test_positive_weight_scales_the_policy_term_of_positive_sequences_only(name):
+    # W-REINFORCE: positives (sequence 0: A = 1, and r - (b + dV) = 0.7 for asymre) weigh
+    # lambda; negatives and the KL term are unchanged.
+    reference = LOGPROBS + 0.2 * LOG_RATIO[::-1]
+    weighted = LossConfig(name, positive_weight=0.1, kl_coef=0.1)
+    loss, _ = run_loss(weighted, reference_logprobs=reference)
+    kl = np.exp(reference - LOGPROBS) - (reference - LOGPROBS) - 1
+    lam = np.array([0.1, 1.0, 1.0], np.float32)[:, None]
+    expected = numpy_token_mean(lam * numpy_token_loss(weighted) + 0.1 * kl)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    plain, _ = run_loss(LossConfig(name, kl_coef=0.1), reference_logprobs=reference)
+    assert abs(float(plain) - float(loss)) > 1e-3  # the weight changed the loss
+    with pytest.raises(ValueError, match="positive_weight=0.0 must be > 0"):
+        LossConfig(name, positive_weight=0.0)
+
+
 def test_aggregation_modes_differ_as_specified():
     # Sequence 0 has 3 tokens, sequence 1 has 1: token_mean weighs tokens equally,
     # sequence_mean weighs sequences equally.
