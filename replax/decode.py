@@ -125,6 +125,7 @@ def decode(
     rng,
     sampling: SamplingConfig,
     num_samples: int,
+    row_block: tuple[int, int] = (0, 1),
     *,
     model: model_lib.Transformer,
     max_new_tokens: int,
@@ -135,7 +136,9 @@ def decode(
     data_shards: int,
 ) -> SampleOutput:
     """The traced sampler. prompt_ids int32[B, P], prompt_mask bool[B, P] (left-padded):
-    G = num_samples completions of each, R = B x G rows."""
+    G = num_samples completions of each, R = B x G rows. row_block (i, n): these are rows
+    [i R, (i + 1) R) of n R decoded together under the same rng, and draw those rows'
+    random numbers (a process decoding its block of a batch alone)."""
     b, p = prompt_ids.shape
     rows = b * num_samples
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32))
@@ -200,7 +203,9 @@ def decode(
 
     # DECODE the R rows. The random numbers of every step are drawn at once, outside the
     # loop (on CPU each draw inside it would be a loop of its own), as for R prompts.
-    uniforms = jax.random.uniform(rng, (n, rows), jnp.float32)  # [N, R]
+    block, num_blocks = row_block
+    uniforms = jax.random.uniform(rng, (n, rows * num_blocks), jnp.float32)  # [N, nR]
+    uniforms = jax.lax.slice_in_dim(uniforms, block * rows, (block + 1) * rows, axis=1)
     state = _LoopState(
         step=jnp.zeros((), jnp.int32),
         last_tokens=repeat(prompt_ids[:, -1]),

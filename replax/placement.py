@@ -77,10 +77,22 @@ def plan(spec) -> Plan:
 
 
 def split_devices(num_devices: int, devices=None):
-    """(trainer devices, sampler devices): the sampler takes the last num_devices (on a
-    TPU slice, whole hosts when it is a multiple of the devices per host)."""
+    """(trainer devices, sampler devices): the sampler takes the last num_devices. On
+    several processes each gives it the last num_devices / processes of its own, and its
+    sampler devices are this process's alone (each process decodes its block of a batch
+    by itself: no value crosses processes while generation runs beside training)."""
     devices = list(jax.devices() if devices is None else devices)
-    return devices[: len(devices) - num_devices], devices[len(devices) - num_devices :]
+    processes = sorted({d.process_index for d in devices})
+    if len(processes) == 1:
+        return devices[: len(devices) - num_devices], devices[len(devices) - num_devices :]
+    k = num_devices // len(processes)
+    trainer, sampler = [], []
+    for p in processes:
+        own = sorted((d for d in devices if d.process_index == p), key=lambda d: d.id)
+        trainer += own[: len(own) - k]
+        if p == jax.process_index():
+            sampler = own[len(own) - k :]
+    return trainer, sampler
 
 
 def sampler_device_count(spec, num_devices: int) -> int:
@@ -116,6 +128,10 @@ class DisjointRollouts:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._submitted = -1  # the last generation handed to the sampler
         self._consumed = -1  # the last generation added to the replay store
+        # This process's block of the trainer's rows: on several processes each decodes
+        # that block of every batch on its own sampler devices.
+        self._rows = sharding.named(run.mesh, ("batch",), run.rules)
+        self._block = sharding.process_block(self._rows) if jax.process_count() > 1 else (0, 1)
         self._thread = threading.Thread(target=self._work, name="replax-sampler", daemon=True)
         self._thread.start()
 
@@ -128,7 +144,7 @@ class DisjointRollouts:
             return
         if pending is None or pending["generation"] != g:
             raise ValueError(f"checkpoint of step {step}: generation {g} in flight, not stored")
-        fresh = self._to_trainer(_fresh_from_host(pending, self.run))
+        fresh = self._to_trainer(_fresh_from_host(pending, self.run), whole=True)
         self._results[g] = (fresh, pending["version"], 0.0)
         self._submitted, self._consumed = g, g - 1
 
@@ -154,10 +170,7 @@ class DisjointRollouts:
         g = self._submitted
         if g <= self._consumed:
             return None
-        with self._done:
-            self._done.wait_for(lambda: g in self._results or self._failure is not None)
-            self._raise_failure()
-            fresh, version, _ = self._results[g]
+        fresh, version, _ = self._finished(g, keep=True)
         return _fresh_to_host(fresh, g, version)
 
     def close(self) -> None:
@@ -178,15 +191,27 @@ class DisjointRollouts:
             sampler_params = jax.block_until_ready(self.run.sampler.prepare_params(params))
             self.sync_s = time.time() - start
             gen_key = jax.random.split(jax.random.fold_in(self.base_key, self.plan.added_at(g)), 3)
-            self._jobs.put(_Job(g, step, sampler_params, next(prompt_iter), gen_key[0]))
+            prompts = rollouts.gather_prompts(self.run.sampler, next(prompt_iter), self._block)
+            self._jobs.put(_Job(g, step, sampler_params, prompts, gen_key[0]))
             self._submitted = g
 
     def _take(self, g):
+        taken = self._finished(g)
+        self._consumed = g
+        return taken
+
+    def _finished(self, g, keep=False):
+        """Generation g as Fresh rollouts on the trainer's devices: the exchange between
+        processes that ends a generation happens here, on the training thread."""
         with self._done:
             self._done.wait_for(lambda: g in self._results or self._failure is not None)
             self._raise_failure()
-            self._consumed = g
-            return self._results.pop(g)
+            result, version, seconds = self._results.pop(g)
+        if isinstance(result, rollouts.Scored):
+            result = self._to_trainer(rollouts.finish(result))
+        if keep:
+            self._results[g] = (result, version, seconds)
+        return result, version, seconds
 
     def _raise_failure(self):
         if self._failure is not None:
@@ -196,7 +221,7 @@ class DisjointRollouts:
         while (job := self._jobs.get()) is not None:
             try:
                 start = time.time()
-                fresh = rollouts.generate_and_score(
+                scored = rollouts.decode_and_score(
                     self.run.sampler,
                     self.run.task,
                     self.run.tokenizer,
@@ -205,12 +230,11 @@ class DisjointRollouts:
                     job.prompts,
                     job.key,
                 )
-                fresh = self._to_trainer(fresh)
-                jax.block_until_ready((fresh.prompt_ids, fresh.completion, fresh.rewards))
+                jax.block_until_ready(scored.out)
                 seconds = time.time() - start
                 with self._done:
                     self.busy_s += seconds
-                    self._results[job.generation] = (fresh, job.version, seconds)
+                    self._results[job.generation] = (scored, job.version, seconds)
                     self._done.notify_all()
             except BaseException as e:  # noqa: BLE001 - re-raised on the training thread
                 with self._done:
@@ -218,18 +242,30 @@ class DisjointRollouts:
                     self._done.notify_all()
                 return
 
-    def _to_trainer(self, fresh: rollouts.Fresh) -> rollouts.Fresh:
-        """The rollouts on the trainer's mesh, rows split as the replay store's."""
+    def _to_trainer(self, fresh: rollouts.Fresh, whole: bool = False) -> rollouts.Fresh:
+        """The rollouts on the trainer's mesh, rows split as the replay store's. On several
+        processes each brings its own block of rows (those it decoded; `whole`: host
+        arrays of every row, a checkpoint's) into its block of the trainer's."""
         run = self.run
-        rows = lambda x: jax.device_put(
-            x, sharding.named(run.mesh, ("batch",) + (None,) * (x.ndim - 1), run.rules)
-        )
+        if jax.process_count() == 1:
+            put = lambda x: jax.device_put(
+                x, sharding.named(run.mesh, ("batch",) + (None,) * (x.ndim - 1), run.rules)
+            )
+        else:
+            r = run.rollouts_per_step
+            rows = sharding.process_rows(self._rows, (r,))
+
+            def put(x):
+                x = np.asarray(x)[rows] if whole else np.asarray(x)
+                target = sharding.named(run.mesh, ("batch",) + (None,) * (x.ndim - 1), run.rules)
+                return sharding.global_batch(x, target, r)
+
         return dataclasses.replace(
             fresh,
-            prompt_ids=rows(fresh.prompt_ids),
-            prompt_mask=rows(fresh.prompt_mask),
-            completion={k: rows(v) for k, v in fresh.completion.items()},
-            rewards=rows(fresh.rewards),
+            prompt_ids=put(fresh.prompt_ids),
+            prompt_mask=put(fresh.prompt_mask),
+            completion={k: put(v) for k, v in fresh.completion.items()},
+            rewards=put(fresh.rewards),
         )
 
 
@@ -237,8 +273,8 @@ _ARRAYS = ("prompt_ids", "prompt_mask", "rewards", "lengths")
 
 
 def _fresh_to_host(fresh: rollouts.Fresh, generation: int, version: int) -> dict[str, Any]:
-    arrays = {k: np.asarray(getattr(fresh, k)) for k in _ARRAYS}
-    arrays.update({f"completion_{k}": np.asarray(v) for k, v in fresh.completion.items()})
+    arrays = {k: sharding.to_host(getattr(fresh, k)) for k in _ARRAYS}
+    arrays.update({f"completion_{k}": sharding.to_host(v) for k, v in fresh.completion.items()})
     return {
         "generation": generation,
         "version": version,

@@ -114,8 +114,13 @@ def _all_processes(local, rows: jax.sharding.NamedSharding | None):
     one process)."""
     if rows is None or jax.process_count() == 1:
         return np.asarray(local)
+    return _blocks_in_order(local, sharding.process_block(rows)[0])
+
+
+def _blocks_in_order(local, block: int):
+    """Every process's `local` rows (this one's the block-th block), in block order."""
     blocks = multihost_utils.process_allgather(np.asarray(local))  # [processes, b, ...]
-    order = multihost_utils.process_allgather(np.int32(sharding.process_block(rows)[0]))
+    order = multihost_utils.process_allgather(np.int32(block))
     return np.concatenate(list(blocks[np.argsort(order)]))
 
 
@@ -126,43 +131,131 @@ def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompt
     Each prompt is prefilled once and its G rows decoded from that cache. With several
     processes, `prompts` is this process's block of the global batch (`process_rows` of
     the sampler's batch sharding): every process passes the sampler all prompts, and
-    scores the completions its devices hold."""
-    table = rows = None
+    scores the completions its devices hold. The three phases are apart so that disjoint
+    placement decodes and scores in a thread of its own while only the training thread
+    exchanges values between processes (`gather_prompts`, `finish`)."""
+    prompts = gather_prompts(sampler, prompts)
+    return finish(decode_and_score(sampler, task, tokenizer, group_size, params, prompts, rng))
+
+
+@dataclasses.dataclass
+class Scored:
+    """A generation decoded and scored on this host, before the exchange between
+    processes that makes it Fresh."""
+
+    prompt_ids: np.ndarray  # [B, P]: every process's prompts, or this process's (local)
+    prompt_mask: np.ndarray
+    out: Any  # SampleOutput, [B x G, ...]
+    rewards: np.ndarray  # float32 of this process's rows
+    errors: int  # reward functions that raised, this process's
+    truncated: int  # this process's rows cut at max_new_tokens
+    group_size: int
+    rows: jax.sharding.NamedSharding | None  # the sampler's row sharding (None: no mesh)
+    table: jax.sharding.NamedSharding | None  # the same for [rows, ...] tables
+    local: bool  # decoded on this process's devices alone (`process_local`)
+    block: tuple[int, int]  # local: (i, n), these rows are the i-th of n blocks
+
+
+def process_local(sampler) -> bool:
+    """Whether the sampler's mesh is this process's devices alone while other processes
+    run: disjoint placement on several processes, each decoding its block by itself."""
+    return (
+        jax.process_count() > 1
+        and sampler.mesh is not None
+        and all(d.process_index == jax.process_index() for d in sampler.mesh.devices.flat)
+    )
+
+
+def gather_prompts(sampler, prompts, block=(0, 1)):
+    """The prompts the sampler decodes: every process's block in block order (a host
+    exchange) when its mesh spans processes; this process's own, with its `row_block`,
+    when the mesh is its devices alone (`block` (i, n): its block of the batch)."""
+    if process_local(sampler):
+        return {**prompts, "row_block": block}
+    rows = None if sampler.mesh is None else sharding.named(sampler.mesh, ("batch",), sampler.rules)
+    return {
+        **prompts,
+        "prompt_ids": _all_processes(prompts["prompt_ids"], rows),  # [B, P], all processes'
+        "prompt_mask": _all_processes(prompts["prompt_mask"], rows),
+        "local_count": len(prompts["prompt_ids"]),
+    }
+
+
+def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Scored:
+    """Decodes the prompts of `gather_prompts` and scores this process's rows; no value
+    crosses processes here."""
+    local = process_local(sampler)
+    rows = table = None
     if sampler.mesh is not None:
-        table = sharding.named(sampler.mesh, ("batch", None), sampler.rules)
         rows = sharding.named(sampler.mesh, ("batch",), sampler.rules)
-    prompt_ids = _all_processes(prompts["prompt_ids"], rows)  # [B, P], all processes'
-    prompt_mask = _all_processes(prompts["prompt_mask"], rows)
+        table = sharding.named(sampler.mesh, ("batch", None), sampler.rules)
+    block = prompts.get("row_block", (0, 1))
+    prompt_ids, prompt_mask = prompts["prompt_ids"], prompts["prompt_mask"]
     r = len(prompt_ids) * group_size
-    if rows is not None and jax.process_count() > 1:
+    if rows is not None and jax.process_count() > 1 and not local:
         mine = sharding.process_rows(rows, (r,))
-        if mine.stop - mine.start != len(prompts["prompt_ids"]) * group_size:
+        if mine.stop - mine.start != prompts["local_count"] * group_size:
             raise ValueError(
                 f"sampler mesh {dict(sampler.mesh.shape)}: this process holds rows {mine} "
-                f"of {r}, not the completions of its {len(prompts['prompt_ids'])} prompts: "
+                f"of {r}, not the completions of its {prompts['local_count']} prompts: "
                 "allowed are sampler meshes that split rows over processes as training does"
             )
-    out = sampler.generate(params, prompt_ids, prompt_mask, rng, num_samples=group_size)
+    out = sampler.generate(
+        params,
+        prompt_ids,
+        prompt_mask,
+        rng,
+        num_samples=group_size,
+        row_block=block,
+    )
     answers = np.repeat(prompts["answer"], group_size)
     tokens = sharding.local_rows(out.tokens)  # [rows of this process, T]
     rewards, errors = evaluation.score(task, tokenizer, tokens, answers)
     cut = truncated_rows(tokens, sharding.local_rows(out.lengths), sampler.stop_ids)
+    return Scored(
+        np.asarray(prompt_ids),
+        np.asarray(prompt_mask),
+        out,
+        rewards,
+        int(errors),
+        int(cut.sum()),
+        group_size,
+        rows,
+        table,
+        local,
+        block,
+    )
+
+
+def finish(scored: Scored) -> Fresh:
+    """The Fresh rollouts of a Scored generation: the counts and statistics over every
+    process (host exchanges). Local (`process_local`): the arrays are this process's rows
+    (on its host, completions on its sampler devices), for the trainer to lay out."""
+    g, out = scored.group_size, scored.out
     # Both counts in one exchange between processes.
-    errors, truncated = sharding.sum_over_processes(np.array([errors, int(cut.sum())]))
-    rewards = sharding.global_batch(rewards, rows, r)
+    errors, truncated = sharding.sum_over_processes(np.array([scored.errors, scored.truncated]))
+    repeat = lambda x: np.repeat(x, g, axis=0)  # each prompt's G rows, laid out as theirs
     completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
-    # The rollouts' prompts: each prompt's G rows, laid out as the completions.
-    repeated = lambda x: sharding.global_from_whole(np.repeat(x, group_size, axis=0), table)
-    all_rewards, lengths = sharding.to_host(rewards), sharding.to_host(out.lengths)
+    if scored.local:
+        rewards = scored.rewards
+        prompt_ids, prompt_mask = repeat(scored.prompt_ids), repeat(scored.prompt_mask)
+        all_rewards = _blocks_in_order(rewards, scored.block[0])
+        lengths = _blocks_in_order(np.asarray(out.lengths), scored.block[0])
+    else:
+        r = len(scored.prompt_ids) * g
+        rewards = sharding.global_batch(scored.rewards, scored.rows, r)
+        prompt_ids = sharding.global_from_whole(repeat(scored.prompt_ids), scored.table)
+        prompt_mask = sharding.global_from_whole(repeat(scored.prompt_mask), scored.table)
+        all_rewards, lengths = sharding.to_host(rewards), sharding.to_host(out.lengths)
     return Fresh(
-        repeated(prompt_ids),
-        repeated(prompt_mask),
+        prompt_ids,
+        prompt_mask,
         completion,
         rewards,
         float(all_rewards.mean()),
         int(errors),
         lengths,
-        completion_stats(all_rewards, lengths, int(truncated), group_size),
+        completion_stats(all_rewards, lengths, int(truncated), g),
     )
 
 

@@ -199,13 +199,16 @@ def prepare_data(run: Run) -> Data:
             f"rollout.prompts_per_step={c.rollout.prompts_per_step} and eval.num_prompts="
             f"{c.eval.num_prompts} need at least as many"
         )
+    rows_mesh = run.mesh if rollouts.process_local(run.sampler) else run.sampler.mesh
     prompts = data_lib.prompt_dataset(
         train,
         run.tokenizer,
         max_prompt_len=c.rollout.max_prompt_len,
         batch_size=c.rollout.prompts_per_step,
         seed=c.seed,
-        block=sharding.process_block(sharding.named(run.sampler.mesh, ("batch",), run.rules)),
+        # This process's block of each batch: that of the sampler's rows, or with a
+        # sampler of this process's devices alone, that of the trainer's.
+        block=sharding.process_block(sharding.named(rows_mesh, ("batch",), run.rules)),
     )
     pairs = data_lib.eval_examples(test, c.eval.num_prompts)
     evaluator = evaluation.Evaluator(
@@ -218,7 +221,9 @@ def prepare_data(run: Run) -> Data:
         pass_k=c.eval.pass_k,
         pass_k_prompts=c.eval.pass_k_prompts,
         num_samples=c.eval.num_samples,
-        mesh=run.sampler.mesh,
+        # A sampler of this process's devices alone (disjoint, several processes) decodes
+        # one block of a batch; the held-out set is split over every process's trainer.
+        mesh=rows_mesh,
         rules=run.rules,
         **c.rollout.numerics(),
     )

@@ -127,6 +127,7 @@ class Sampler:
         self.vocab_size = None if vocab_size in (None, cfg.vocab_size) else int(vocab_size)
         self.sampling = sampling
         self.mesh, self.rules = mesh, rules
+        self._stages = {}  # compiled reshards of weights from a trainer on every process
         self.data_shards = 1 if mesh is None else sharding.data_parallel_size(mesh, rules)
 
         decode = functools.partial(
@@ -141,7 +142,7 @@ class Sampler:
         )
         if mesh is None:
             self._params_shardings = self._prompt_sharding = None
-            self._jitted = jax.jit(decode, static_argnums=(4, 5))
+            self._jitted = jax.jit(decode, static_argnums=(4, 5, 6))
             self._prepare = jax.jit(self._cast)
         else:
             dummy = jnp.zeros((1, 1), jnp.int32)
@@ -154,7 +155,7 @@ class Sampler:
             table = sharding.named(mesh, ("batch", None), rules)
             self._jitted = jax.jit(
                 decode,
-                static_argnums=(4, 5),
+                static_argnums=(4, 5, 6),
                 in_shardings=(
                     self._params_shardings,
                     self._prompt_sharding,
@@ -190,8 +191,14 @@ class Sampler:
             if any(isinstance(x, jax.Array) and x.sharding.device_set != devices for x in leaves):
                 # Weights on other devices (a disjoint trainer's): one transfer of the whole
                 # tree into the decode layout; a jitted program spans one set of devices.
-                params = jax.device_put(params, self._params_shardings)
-                leaves = jax.tree_util.tree_leaves(params)
+                if all(x.is_fully_addressable for x in leaves):
+                    params = jax.device_put(params, self._params_shardings)
+                    leaves = jax.tree_util.tree_leaves(params)
+                else:  # a trainer over every process, this process's sampler mesh
+                    leaves = sharding.copy_to_process_mesh(leaves, targets, self._stages)
+                    params = jax.tree_util.tree_unflatten(
+                        jax.tree_util.tree_structure(params), leaves
+                    )
 
         def ready(x, target):
             if not isinstance(x, jax.Array) or self.dtype not in (None, x.dtype):
@@ -264,6 +271,7 @@ class Sampler:
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
+        row_block: tuple[int, int] = (0, 1),
     ) -> SampleOutput:
         """Samples max_new_tokens per row (fewer when every row has hit EOS).
 
@@ -273,7 +281,9 @@ class Sampler:
         i G ... i G + G - 1 those of prompt i (each prompt is prefilled once; the tokens
         are those of B x G repeated prompts under the same rng). temperature / top_k /
         top_p override the sampler's setting for this call (e.g. temperature=0 for greedy
-        evaluation); each setting compiles once. Returns [B x G, ...] fields.
+        evaluation); each setting compiles once. row_block (i, n): the prompts are the
+        i-th of n equal blocks of a batch, sampled as they would be in the whole batch.
+        Returns [B x G, ...] fields.
         """
         sampling = self.sampling
         overrides = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
@@ -283,7 +293,8 @@ class Sampler:
             self._check_sampling(sampling, self.model_config)
         prompt_ids, prompt_mask = self._inputs(prompt_ids, prompt_mask, num_samples)
         params = self.prepare_params(params)
-        args = (params, prompt_ids, prompt_mask, rng, sampling, int(num_samples))
+        row_block = (int(row_block[0]), int(row_block[1]))
+        args = (params, prompt_ids, prompt_mask, rng, sampling, int(num_samples), row_block)
         if self.mesh is None:
             return self._jitted(*args)
         with sharding.activation_rules(self.mesh, self.rules):

@@ -321,6 +321,49 @@ def global_from_whole(whole, sharding: jax.sharding.Sharding):
     return whole if jax.process_count() == 1 else jax.device_put(whole, sharding)
 
 
+def copy_to_process_mesh(leaves, targets, stage_cache: dict) -> list:
+    """Global arrays `leaves` (over devices of every process) on `targets`, NamedShardings
+    of a mesh of this process's devices alone, with several processes.
+
+    JAX copies between device sets only from one set of processes to another, so the copy
+    is two steps. One jitted reshard over the source devices into the target's layout,
+    replicated over processes (every process takes part: the exchange between processes
+    is this program's all-gather), on a mirror mesh whose block of each process is laid
+    out as the target mesh; then each shard goes to the target device at its position,
+    within the process. Each process must hold a multiple of the target's devices.
+    stage_cache keeps the compiled reshard per target tree."""
+    mesh = targets[0].mesh
+    source = sorted(leaves[0].sharding.device_set, key=lambda d: (d.process_index, d.id))
+    by_process: dict[int, list] = {}
+    for d in source:
+        by_process.setdefault(d.process_index, []).append(d)
+    own = by_process[jax.process_index()]
+    if len(own) % mesh.devices.size:
+        raise ValueError(
+            f"{len(own)} source devices on this process do not split into copies of the "
+            f"{mesh.devices.size}-device mesh {dict(mesh.shape)}"
+        )
+    copies = len(own) // mesh.devices.size
+    blocks = {
+        p: np.asarray(ds).reshape((copies, *mesh.devices.shape)) for p, ds in by_process.items()
+    }
+    key = tuple((t.spec, t.mesh.shape_tuple) for t in targets)
+    if key not in stage_cache:
+        mirror = Mesh(np.concatenate(list(blocks.values())), ("copies", *mesh.axis_names))
+        staged = [NamedSharding(mirror, t.spec) for t in targets]
+        stage_cache[key] = jax.jit(lambda xs: xs, out_shardings=staged)
+    staged = stage_cache[key](leaves)
+    here = blocks[jax.process_index()][0]  # the source device of each target position
+    out = []
+    for x, target in zip(staged, targets):
+        shards = {s.device: s.data for s in x.addressable_shards}
+        pieces = [
+            jax.device_put(shards[here[i]], mesh.devices[i]) for i in np.ndindex(mesh.devices.shape)
+        ]
+        out.append(jax.make_array_from_single_device_arrays(x.shape, target, pieces))
+    return out
+
+
 def local_rows(x) -> np.ndarray:
     """This process's `process_rows` block of a global array, on the host."""
     if x.is_fully_addressable:

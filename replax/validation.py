@@ -118,22 +118,30 @@ def validate_placement(spec: RunSpec) -> None:
 
 
 def placement_devices(spec: RunSpec, num_devices: int, processes: int) -> tuple[int, int]:
-    """(trainer devices, sampler devices) out of num_devices: the same devices colocated."""
+    """(trainer devices, sampler devices) out of num_devices: the same devices colocated.
+    Disjoint on several processes, every process gives the sampler the same number k of
+    its own devices and decodes its block of each batch there: the sampler's mesh is those
+    k (the count returned), the trainer's the rest of every process's."""
     r = spec.rollout
     if r.placement == "colocated":
         return num_devices, num_devices
-    require(
-        processes == 1,
-        f"rollout.placement='disjoint' on {processes} processes: allowed is one process "
-        "(the sampler and trainer on devices of the same host)",
-    )
     n = r.num_devices or num_devices // 2
     require(
         1 <= n < num_devices,
         f"rollout.num_devices={r.num_devices} of {num_devices} devices: allowed is "
         f"1 <= num_devices <= {num_devices - 1} (the trainer keeps the rest; 0: half)",
     )
-    return num_devices - n, n
+    if processes == 1:
+        return num_devices - n, n
+    local = num_devices // processes
+    k = n // processes
+    require(
+        n % processes == 0 and (local - k) % k == 0,
+        f"rollout.num_devices={n} on {processes} processes of {local} devices: every process "
+        f"gives the sampler k of its devices, its trainer a multiple of k: allowed are "
+        f"{[processes * d for d in range(1, local) if (local - d) % d == 0]}",
+    )
+    return num_devices - n, k
 
 
 def logical_shards(spec: RunSpec, logical: str, shape, num_devices: int) -> int:
@@ -280,10 +288,13 @@ def validate_rollout_batch(spec: RunSpec, sampler_shape, num_devices: int, proce
     processes (each reads its own block of every batch of prompts)."""
     r = spec.rollouts_per_step
     split = logical_shards(spec, "batch", sampler_shape, num_devices)
+    where = f"the {split} data shards of rollout.mesh_shape={tuple(sampler_shape)}"
+    if spec.rollout.placement == "disjoint" and processes > 1:
+        # Each process decodes its R / processes rows on its own sampler mesh.
+        split *= processes
+        where += f" on each of {processes} processes"
     require(
-        r % split == 0,
-        f"rollout R = prompts_per_step x group_size={r} is not divisible by the "
-        f"{split} data shards of rollout.mesh_shape={tuple(sampler_shape)}",
+        r % split == 0, f"rollout R = prompts_per_step x group_size={r} is not divisible by {where}"
     )
     require(
         spec.rollout.prompts_per_step % processes == 0,

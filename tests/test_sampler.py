@@ -247,7 +247,7 @@ def _flops(params, batch, num_samples, prompt_len):
     ids, mask = prompts()
     ids = np.resize(ids[:, -prompt_len:], (batch, prompt_len))
     mask = np.resize(mask[:, -prompt_len:], (batch, prompt_len))
-    args = (params, ids, mask, jax.random.key(0), sampler.sampling, num_samples)
+    args = (params, ids, mask, jax.random.key(0), sampler.sampling, num_samples, (0, 1))
     cost = sampler._jitted.lower(*args).compile().cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
@@ -485,3 +485,25 @@ def test_rows_past_the_tokenizers_vocabulary_are_never_sampled(params):
     first = np.asarray(out.tokens)[:, 0]
     np.testing.assert_array_equal(first, logits.argmax(1))
     np.testing.assert_allclose(np.asarray(out.logprobs)[:, 0], logp[np.arange(4), first], atol=1e-5)
+
+
+def test_a_block_of_the_batch_samples_as_in_the_whole_batch(params):
+    """row_block (i, n): a process decoding its block of prompts alone gets the tokens of
+    those rows of the whole batch under the same rng."""
+    sampler = make()
+    ids, mask = prompts()
+    key = jax.random.key(3)
+    whole = sampler.generate(params, ids, mask, key, num_samples=2)
+    half = len(ids) // 2
+    for i in range(2):
+        block = slice(i * half, (i + 1) * half)
+        part = sampler.generate(
+            params, ids[block], mask[block], key, num_samples=2, row_block=(i, 2)
+        )
+        rows = slice(2 * block.start, 2 * block.stop)
+        np.testing.assert_array_equal(np.asarray(part.tokens), np.asarray(whole.tokens)[rows])
+        np.testing.assert_allclose(
+            np.asarray(part.logprobs), np.asarray(whole.logprobs)[rows], rtol=1e-5, atol=1e-6
+        )
+    other = sampler.generate(params, ids[:half], mask[:half], key, num_samples=2)
+    assert not np.array_equal(np.asarray(other.tokens), np.asarray(whole.tokens)[: 2 * half])

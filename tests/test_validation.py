@@ -156,3 +156,28 @@ def test_long_prompts_skip_returns_them_and_keeps_enough():
         lengths,
         match=r"leaves 2 of 3 train prompts .*rollout.prompts_per_step=3 needs",
     )
+
+
+def test_disjoint_placement_on_several_processes():
+    # 2 processes of 4 devices: the sampler takes k of each, the trainer a multiple of k.
+    disjoint = dict(rollout__placement="disjoint")
+    assert validation.placement_devices(spec(**disjoint, rollout__num_devices=4), 8, 2) == (4, 2)
+    assert validation.placement_devices(spec(**disjoint, rollout__num_devices=2), 8, 2) == (6, 1)
+    for n in (3, 6):  # 3 does not split over 2 processes; 3 of 4 leaves the trainer 1
+        fails(
+            validation.placement_devices,
+            spec(**disjoint, rollout__num_devices=n),
+            8,
+            2,
+            match=rf"rollout.num_devices={n} on 2 processes of 4 devices.*allowed are \[2, 4\]",
+        )
+    # R = 8 rows: each of 2 processes decodes 4, over its sampler's data shards.
+    validation.validate_rollout_batch(spec(**disjoint), (2, 1, 1), 2, 2)
+    fails(
+        validation.validate_rollout_batch,
+        spec(**disjoint),
+        (8, 1, 1),
+        8,
+        2,
+        match="on each of 2 processes",
+    )
