@@ -176,6 +176,9 @@ def loss() -> ml_collections.ConfigDict:
     c.normalize_std = True
     # Weight of positive-advantage rollouts in the loss (W-REINFORCE's lambda below 1).
     c.positive_weight = 1.0
+    # Clip-Cov: the fraction of tokens, of largest log-prob x advantage covariance, whose
+    # gradient is cut (0: off).
+    c.cov_clip_frac = 0.0
     return c
 
 

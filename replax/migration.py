@@ -30,6 +30,7 @@ ADDED_KEYS = {
     "train.max_steps_per_generation": 1,
     "task.long_prompts": "error",
     "loss.positive_weight": 1.0,
+    "loss.cov_clip_frac": 0.0,
     # Runs before these wrote no samples.jsonl; their progress off a terminal was silent.
     "eval.num_samples": 0,
     "log.print_every_s": 60.0,

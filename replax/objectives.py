@@ -55,6 +55,11 @@ class LossConfig:
       r - (baseline + delta_v)) is positive; negatives keep weight 1. Below 1 it is
       W-REINFORCE's down-weighting of positive samples (Zhu et al. 2025): reinforcing
       answers that are already likely is what lowers the policy's entropy.
+    cov_clip_frac: Clip-Cov (Cui et al. 2025): the gradient of this fraction of the
+      batch's completion tokens is cut, those whose covariance (log pi - its batch mean) x
+      (A - its batch mean) is largest and positive, the confident tokens of positive
+      rollouts whose updates lower the entropy most (the paper draws at random within a
+      covariance band; the largest are taken here, which needs no band for the scale).
     kl_coef: weight of the k3 estimate of KL(pi || reference). entropy_coef: weight of the
       entropy bonus. aggregation: `token_mean` (sum over all tokens / tokens in the batch)
       or `sequence_mean` (mean over each sequence's tokens, then over sequences).
@@ -71,6 +76,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     aggregation: str = "token_mean"
     positive_weight: float = 1.0
+    cov_clip_frac: float = 0.0
 
     def __post_init__(self):
         if self.name not in LOSSES:
@@ -93,6 +99,8 @@ class LossConfig:
             )
         if not self.positive_weight > 0:
             raise ValueError(f"positive_weight={self.positive_weight} must be > 0")
+        if not 0 <= self.cov_clip_frac < 1:
+            raise ValueError(f"cov_clip_frac={self.cov_clip_frac} must be in [0, 1)")
 
 
 def _ppo_clip(ratio, advantage, config: LossConfig):
@@ -169,6 +177,20 @@ def _m2po_keep(log_ratio, mask, tau: float):
     return keep.reshape(mask.shape) * mask
 
 
+def _cov_clip_keep(logprobs, advantages, mask, frac: float):
+    """Clip-Cov's token mask [B, L]: 0 on the floor(frac x valid tokens) valid tokens of
+    largest positive covariance (log pi - mean) x (A - mean), means over valid tokens."""
+    num_valid = jnp.maximum(mask.sum(), 1.0)
+    a = jnp.broadcast_to(advantages[:, None], logprobs.shape)
+    centred = lambda x: x - jnp.sum(x * mask) / num_valid
+    cov = centred(logprobs) * centred(a)
+    cov = jnp.where(mask > 0, cov, -jnp.inf).reshape(-1)  # invalid tokens sort last
+    order = jnp.argsort(-cov, stable=True)  # largest first
+    rank = jnp.zeros(cov.shape, jnp.int32).at[order].set(jnp.arange(cov.shape[0]))
+    cut = (rank < jnp.floor(frac * mask.sum())) & (cov > 0)
+    return jnp.where(cut.reshape(mask.shape), 0.0, mask)
+
+
 def policy_loss(
     logprobs,
     behaviour_logprobs,
@@ -220,6 +242,11 @@ def policy_loss(
     num_tokens = jnp.maximum(mask.sum(), 1.0)
     token_mean = lambda x: jnp.sum(x * mask) / num_tokens
     metrics = {}
+    if config.cov_clip_frac:
+        keep = _cov_clip_keep(sg(logprobs), sg(advantages), mask, config.cov_clip_frac)
+        # A cut token keeps its loss value and loses its gradient.
+        token_loss = jnp.where(keep > 0, token_loss, sg(token_loss))
+        metrics["cov_clip_frac"] = 1.0 - keep.sum() / num_tokens
     if config.name == "m2po":
         keep = _m2po_keep(log_ratio, mask, config.m2po_tau)
         token_loss = token_loss * keep

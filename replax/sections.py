@@ -369,6 +369,7 @@ class LossSection:
     aggregation: str
     normalize_std: bool
     positive_weight: float
+    cov_clip_frac: float
 
     def __post_init__(self):
         number("loss.epsilon_low", self.epsilon_low, low=0, high=1, high_open=True)
@@ -377,6 +378,7 @@ class LossSection:
         number("loss.rho_max", self.rho_max, low=0, low_open=True)
         number("loss.entropy_coef", self.entropy_coef)
         number("loss.positive_weight", self.positive_weight, low=0, low_open=True)
+        number("loss.cov_clip_frac", self.cov_clip_frac, low=0, high=1, high_open=True)
         one_of("loss.name", self.name, objectives.LOSSES)
         one_of("loss.aggregation", self.aggregation, objectives.AGGREGATIONS)
         library_check(self.config)
@@ -394,6 +396,7 @@ class LossSection:
             entropy_coef=self.entropy_coef,
             aggregation=self.aggregation,
             positive_weight=self.positive_weight,
+            cov_clip_frac=self.cov_clip_frac,
         )
 
 

@@ -63,10 +63,11 @@ def numpy_token_mean(x):
     return (x * MASK).sum() / MASK.sum()
 
 
-def run_loss(config, **kwargs):
+def run_loss(config, logprobs_override=None, **kwargs):
     kwargs.setdefault("rewards", REWARDS)
     kwargs.setdefault("baselines", BASELINES)
-    return policy_loss(LOGPROBS, BEHAVIOUR, MASK, ADVANTAGES, config=config, **kwargs)
+    logprobs = LOGPROBS if logprobs_override is None else logprobs_override
+    return policy_loss(logprobs, BEHAVIOUR, MASK, ADVANTAGES, config=config, **kwargs)
 
 
 # ---------------------------------------------------------------- advantages
@@ -284,3 +285,27 @@ def test_loss_config_validates_itself():
         policy_loss(LOGPROBS, BEHAVIOUR, MASK, ADVANTAGES, config=LossConfig("asymre"))
     with pytest.raises(ValueError, match=r"mask has shape \(3, 3\)"):
         policy_loss(LOGPROBS, BEHAVIOUR, MASK[:, :3], ADVANTAGES, config=LossConfig())
+
+
+def test_cov_clip_cuts_the_gradient_of_the_largest_covariance_tokens():
+    # Clip-Cov: with 9 valid tokens and frac 0.25, the 2 of largest positive covariance
+    # (log pi - mean) x (A - mean) lose their gradient, the loss value is unchanged.
+    lp, a = LOGPROBS, np.broadcast_to(ADVANTAGES[:, None], LOGPROBS.shape)
+    mean = lambda x: (x * MASK).sum() / MASK.sum()
+    cov = np.where(MASK > 0, (lp - mean(lp)) * (a - mean(a)), -np.inf)
+    cut = np.zeros(cov.size, bool)
+    cut[np.argsort(-cov.reshape(-1), kind="stable")[:2]] = True
+    cut = cut.reshape(cov.shape) & (cov > 0)
+    assert cut.sum() == 2
+    config = LossConfig("ppo", cov_clip_frac=0.25)
+    grad = jax.grad(lambda x: run_loss(config, logprobs_override=x)[0])
+    plain = jax.grad(lambda x: run_loss(LossConfig("ppo"), logprobs_override=x)[0])
+    g, g0 = np.asarray(grad(jnp.asarray(LOGPROBS))), np.asarray(plain(jnp.asarray(LOGPROBS)))
+    np.testing.assert_allclose(g[cut], 0.0)
+    np.testing.assert_allclose(g[~cut], g0[~cut], rtol=1e-6)
+    assert np.abs(g0[cut]).min() > 0  # the cut tokens had a gradient
+    loss, metrics = run_loss(config)
+    np.testing.assert_allclose(loss, run_loss(LossConfig("ppo"))[0], rtol=1e-6)
+    np.testing.assert_allclose(metrics["cov_clip_frac"], 2 / MASK.sum(), rtol=1e-6)
+    with pytest.raises(ValueError, match="cov_clip_frac=1.0 must be in"):
+        LossConfig(cov_clip_frac=1.0)
