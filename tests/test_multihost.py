@@ -339,3 +339,38 @@ def test_disjoint_on_two_processes_matches_one_and_resumes_with_a_generation_in_
     # (generation 2 went into checkpoint 2 finished), the resumed one generation 3 again.
     assert_each_process_scored_its_rows(crashed_logs, reference_logs, steps=4)
     assert_each_process_scored_its_rows(logs, reference_logs, steps=1, first=3)
+
+
+# Copies a tree sharded over 3 trainer devices of each process onto 1 sampler device of
+# each (3 copies of the sampler's layout) and onto 2 of each (sharded over them), and
+# prints what every device holds against the whole array.
+_COPY = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from replax import placement, sharding
+sharding.maybe_initialize_distributed()
+whole = np.arange(48 * 4, dtype=np.float32).reshape(48, 4)
+report = {}
+for k in (1, 2):
+    trainer, sampler = placement.split_devices(k * jax.process_count())
+    mesh = sharding.make_mesh((-1, 1, 1), devices=trainer)
+    x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("data")), lambda i: whole[i])
+    target_mesh = sharding.make_mesh((1, 1, -1), devices=sampler)
+    targets = [NamedSharding(target_mesh, P("tensor")), NamedSharding(target_mesh, P())]
+    out = sharding.copy_to_process_mesh([x, x], targets, {})
+    report[k] = [
+        [s.device.process_index == jax.process_index(), np.array_equal(s.data, whole[s.index])]
+        for y in out for s in y.addressable_shards
+    ] + [[len(y.addressable_shards) == k, y.sharding == t] for y, t in zip(out, targets)]
+print(json.dumps({"process": jax.process_index(), "report": report}))
+"""
+
+
+def test_weights_copy_from_a_trainer_on_every_process_to_each_process_sampler(tmp_path):
+    outputs = run_processes(None, str(tmp_path / "logs"), command=[sys.executable, "-c", _COPY])
+    for p, out in enumerate(outputs):
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["process"] == p
+        for k, checks in report["report"].items():
+            assert checks and all(all(c) for c in checks), (p, k, checks)
