@@ -60,6 +60,7 @@ class LossConfig:
       (A - its batch mean) is largest and positive, the confident tokens of positive
       rollouts whose updates lower the entropy most (the paper draws at random within a
       covariance band; the largest are taken here, which needs no band for the scale).
+      With train.num_microbatches > 1 each microbatch ranks its own tokens.
     kl_coef: weight of the k3 estimate of KL(pi || reference). entropy_coef: weight of the
       entropy bonus. aggregation: `token_mean` (sum over all tokens / tokens in the batch)
       or `sequence_mean` (mean over each sequence's tokens, then over sequences).

@@ -248,11 +248,6 @@ def make_train_step(
             f"loss.name='m2po' masks tokens over the whole batch: it cannot be split into "
             f"train.num_microbatches={num_microbatches}"
         )
-    if num_microbatches > 1 and loss_config.cov_clip_frac:
-        raise ValueError(
-            f"loss.cov_clip_frac={loss_config.cov_clip_frac} ranks the whole batch's tokens: "
-            f"it cannot be split into train.num_microbatches={num_microbatches}"
-        )
     gradient = gradients.make_gradient_fn(
         model,
         loss_config,

@@ -88,18 +88,12 @@ def validate_sequence_fits_model(spec: RunSpec) -> None:
 
 
 def validate_microbatches_with_loss(spec: RunSpec) -> None:
-    """m2po and Clip-Cov mask tokens over the whole batch: they cannot accumulate over
-    microbatches."""
+    """m2po masks tokens over the whole batch: it cannot accumulate over microbatches."""
     micro = spec.train.num_microbatches
     require(
         micro == 1 or spec.loss.name != "m2po",
         f"train.num_microbatches={micro} with loss.name='m2po': m2po masks tokens over the "
         "whole batch, so it needs train.num_microbatches=1",
-    )
-    require(
-        micro == 1 or not spec.loss.cov_clip_frac,
-        f"train.num_microbatches={micro} with loss.cov_clip_frac={spec.loss.cov_clip_frac}: "
-        "Clip-Cov ranks the whole batch's tokens, so it needs train.num_microbatches=1",
     )
 
 

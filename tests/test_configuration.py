@@ -63,7 +63,6 @@ BAD_SETTINGS = [
     ({"train.num_microbatches": 3}, "train.num_microbatches"),
     ({"train.num_microbatches": 0}, "train.num_microbatches"),
     ({"train.num_microbatches": 2, "loss.name": "m2po"}, "train.num_microbatches"),
-    ({"train.num_microbatches": 2, "loss.cov_clip_frac": 0.02}, "loss.cov_clip_frac"),
     ({"loss.positive_weight": 0.0}, "loss.positive_weight"),
     ({"loss.cov_clip_frac": 1.0}, "loss.cov_clip_frac"),
     # Auto mode splits each half of B = 16: 8 / 2 = 4 rows do not split over 8 shards.

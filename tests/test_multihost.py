@@ -355,7 +355,8 @@ report = {}
 for k in (1, 2):
     trainer, sampler = placement.split_devices(k * jax.process_count())
     mesh = sharding.make_mesh((-1, 1, 1), devices=trainer)
-    x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("data")), lambda i: whole[i])
+    rows = NamedSharding(mesh, P("data"))
+    x = jax.make_array_from_callback(whole.shape, rows, lambda i: whole[i])
     target_mesh = sharding.make_mesh((1, 1, -1), devices=sampler)
     targets = [NamedSharding(target_mesh, P("tensor")), NamedSharding(target_mesh, P())]
     out = sharding.copy_to_process_mesh([x, x], targets, {})
