@@ -131,7 +131,7 @@ class DisjointRollouts:
         # This process's block of the trainer's rows: on several processes each decodes
         # that block of every batch on its own sampler devices.
         self._rows = sharding.named(run.mesh, ("batch",), run.rules)
-        self._block = sharding.process_block(self._rows) if jax.process_count() > 1 else (0, 1)
+        self._block = sharding.process_block(self._rows)
         self._thread = threading.Thread(target=self._work, name="replax-sampler", daemon=True)
         self._thread.start()
 

@@ -109,19 +109,20 @@ def completion_stats(rewards: np.ndarray, lengths: np.ndarray, truncated: int, g
     }
 
 
-def _all_processes(local, rows: jax.sharding.NamedSharding | None):
-    """Every process's block of a host array of rows, in block order (`local` itself with
-    one process)."""
+def _all_processes(rows: jax.sharding.NamedSharding | None, *local):
+    """Every process's block of each host array of rows, in block order (the arrays
+    themselves with one process)."""
     if rows is None or jax.process_count() == 1:
-        return np.asarray(local)
-    return _blocks_in_order(local, sharding.process_block(rows)[0])
+        return [np.asarray(x) for x in local]
+    return _blocks_in_order(sharding.process_block(rows)[0], *local)
 
 
-def _blocks_in_order(local, block: int):
-    """Every process's `local` rows (this one's the block-th block), in block order."""
-    blocks = multihost_utils.process_allgather(np.asarray(local))  # [processes, b, ...]
-    order = multihost_utils.process_allgather(np.int32(block))
-    return np.concatenate(list(blocks[np.argsort(order)]))
+def _blocks_in_order(block: int, *local):
+    """Every process's rows of each `local` array (this one's the block-th block), in
+    block order; the block order is exchanged once for all of them."""
+    order = np.argsort(multihost_utils.process_allgather(np.int32(block)))
+    gathered = (multihost_utils.process_allgather(np.asarray(x)) for x in local)
+    return [np.concatenate(list(blocks[order])) for blocks in gathered]  # [processes, b, ...]
 
 
 def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Fresh:
@@ -173,12 +174,10 @@ def gather_prompts(sampler, prompts, block=(0, 1)):
     if process_local(sampler):
         return {**prompts, "row_block": block}
     rows = None if sampler.mesh is None else sharding.named(sampler.mesh, ("batch",), sampler.rules)
-    return {
-        **prompts,
-        "prompt_ids": _all_processes(prompts["prompt_ids"], rows),  # [B, P], all processes'
-        "prompt_mask": _all_processes(prompts["prompt_mask"], rows),
-        "local_count": len(prompts["prompt_ids"]),
-    }
+    # [B, P], all processes'
+    ids, mask = _all_processes(rows, prompts["prompt_ids"], prompts["prompt_mask"])
+    local_count = len(prompts["prompt_ids"])
+    return {**prompts, "prompt_ids": ids, "prompt_mask": mask, "local_count": local_count}
 
 
 def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Scored:
@@ -239,8 +238,7 @@ def finish(scored: Scored) -> Fresh:
     if scored.local:
         rewards = scored.rewards
         prompt_ids, prompt_mask = repeat(scored.prompt_ids), repeat(scored.prompt_mask)
-        all_rewards = _blocks_in_order(rewards, scored.block[0])
-        lengths = _blocks_in_order(np.asarray(out.lengths), scored.block[0])
+        all_rewards, lengths = _blocks_in_order(scored.block[0], rewards, np.asarray(out.lengths))
     else:
         r = len(scored.prompt_ids) * g
         rewards = sharding.global_batch(scored.rewards, scored.rows, r)

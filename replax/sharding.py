@@ -354,14 +354,18 @@ def copy_to_process_mesh(leaves, targets, stage_cache: dict) -> list:
         stage_cache[key] = jax.jit(lambda xs: xs, out_shardings=staged)
     staged = stage_cache[key](leaves)
     here = blocks[jax.process_index()][0]  # the source device of each target position
-    out = []
-    for x, target in zip(staged, targets):
+    positions = list(np.ndindex(mesh.devices.shape))
+    sources, devices = [], []
+    for x in staged:
         shards = {s.device: s.data for s in x.addressable_shards}
-        pieces = [
-            jax.device_put(shards[here[i]], mesh.devices[i]) for i in np.ndindex(mesh.devices.shape)
-        ]
-        out.append(jax.make_array_from_single_device_arrays(x.shape, target, pieces))
-    return out
+        sources += [shards[here[i]] for i in positions]
+        devices += [mesh.devices[i] for i in positions]
+    pieces = jax.device_put(sources, devices)  # every shard of the tree in one call
+    n = len(positions)
+    return [
+        jax.make_array_from_single_device_arrays(x.shape, target, pieces[j * n : (j + 1) * n])
+        for j, (x, target) in enumerate(zip(staged, targets))
+    ]
 
 
 def local_rows(x) -> np.ndarray:
