@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from replax.tasks import Example, arith, make_task, math_data, word_problems
+from replax.tasks import SPLITS, Example, arith, make_task, math_data, word_problems
 from replax.tasks import math as math_task
 from replax.tasks.math import math_reward
 from replax.tasks.math_data import read_gsm8k_jsonl
@@ -25,7 +25,7 @@ def _python_value(prompt: str) -> int:
 @pytest.mark.parametrize("difficulty", [arith.EASY, arith.HARD])
 def test_answers_match_python(difficulty):
     task = arith.ArithTask(difficulty)
-    for split in arith.SPLITS:
+    for split in SPLITS:
         for example in task.examples(split, 500, seed=3):
             assert re.fullmatch(r"[0-9+\-*]+=", example.prompt)
             assert example.answer == str(_python_value(example.prompt))
@@ -501,7 +501,7 @@ def _solve_word_problem(question: str) -> int:
 def test_word_problem_answers_are_right_by_construction():
     task = word_problems.WordProblemTask(prompt_format="plain", instruction="")
     seen = set()
-    for split in word_problems.SPLITS:
+    for split in SPLITS:
         for question, answer in task.problems(split, 400, seed=1):
             assert answer == _solve_word_problem(question) and answer >= 0, question
             seen.add(next(t.__name__ for t in _templates() if _matches(t, question)))

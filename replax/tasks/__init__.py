@@ -18,7 +18,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import random
 from collections.abc import Callable
+from typing import TypeVar
+
+SPLITS = ("train", "test")
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +32,44 @@ class Example:
 
     prompt: str
     answer: str
+
+
+def draw_split(
+    name: str,
+    split: str,
+    num: int,
+    sample: Callable[[random.Random], tuple[str, _T]],
+    split_of: Callable[[str], str],
+    what: str,
+) -> list[_T]:
+    """`num` items of a generated task's `split`: `sample(rng)` gives (text, item), and
+    `split_of(text)` the split the text belongs to, so train and test never share a
+    problem; test items are distinct, train ones i.i.d. Deterministic in `name` (e.g.
+    "replax-arith:test:0"). Raises ValueError, naming `what` ran short, when fewer than
+    `num` distinct ones turn up in 100 draws per item (plus 10,000)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    # A string seed is hashed with SHA-512 by `random`: stable across versions.
+    rng = random.Random(name)
+    out, seen = [], set()
+    max_draws = 100 * num + 10_000
+    for _ in range(max_draws):
+        if len(out) == num:
+            break
+        text, item = sample(rng)
+        if split_of(text) != split:
+            continue
+        if split == "test":
+            if text in seen:
+                continue
+            seen.add(text)
+        out.append(item)
+    if len(out) < num:
+        raise ValueError(
+            f"found only {len(out)} distinct {split} {what} in {max_draws} draws; "
+            f"ask for fewer than {num}"
+        )
+    return out
 
 
 class Task(abc.ABC):

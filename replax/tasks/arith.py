@@ -16,9 +16,8 @@ import hashlib
 import random
 import re
 
-from replax.tasks import Example, Task
+from replax.tasks import Example, Task, draw_split
 
-SPLITS = ("train", "test")
 _OPS = frozenset("+-*")
 _INTEGER = re.compile(r"-?[0-9]+")
 _MAX_ANSWER_CHARS = 64  # longer completions are garbage, not integers worth parsing
@@ -150,29 +149,19 @@ class ArithTask(Task):
 
     def examples(self, split: str, num: int, seed: int = 0) -> list[Example]:
         """`num` examples of `split`; test examples are distinct, train ones i.i.d."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        # A string seed is hashed with SHA-512 by `random`: stable across versions.
-        rng = random.Random(f"replax-arith:{split}:{seed}")
-        out, seen = [], set()
-        max_draws = 100 * num + 10_000
-        for _ in range(max_draws):
-            if len(out) == num:
-                break
+
+        def sample(rng):
             expression = sample_expression(rng, self.difficulty)
-            if split_of(expression, self.test_fraction) != split:
-                continue
-            if split == "test":
-                if expression in seen:
-                    continue
-                seen.add(expression)
-            out.append(Example(prompt=expression + "=", answer=str(evaluate(expression))))
-        if len(out) < num:
-            raise ValueError(
-                f"found only {len(out)} distinct {split} expressions of {self.difficulty} "
-                f"in {max_draws} draws; ask for fewer than {num}"
-            )
-        return out
+            return expression, Example(prompt=expression + "=", answer=str(evaluate(expression)))
+
+        return draw_split(
+            f"replax-arith:{split}:{seed}",
+            split,
+            num,
+            sample,
+            lambda text: split_of(text, self.test_fraction),
+            f"expressions of {self.difficulty}",
+        )
 
     def reward(self, completion: str, answer: str) -> float:
         return check_answer(completion, answer)

@@ -26,10 +26,9 @@ import hashlib
 import random
 from collections.abc import Callable
 
-from replax.tasks import Example, Task
+from replax.tasks import Example, Task, draw_split
 from replax.tasks.math import gsm8k_reward
 
-SPLITS = ("train", "test")
 PROMPT_FORMATS = ("instruct", "plain")
 # Direct: SmolLM2-135M-Instruct then writes a short worked answer, often ending in "#### N";
 # asked to think step by step it writes plans past 64 tokens and scores a fifth as often.
@@ -244,29 +243,19 @@ class WordProblemTask(Task):
 
     def problems(self, split: str, num: int, seed: int = 0) -> list[tuple[str, int]]:
         """`num` (question, answer) pairs of `split`: test ones distinct, train i.i.d."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        # A string seed is hashed with SHA-512 by `random`: stable across versions.
-        rng = random.Random(f"replax-word-problems:{split}:{seed}")
-        out, seen = [], set()
-        max_draws = 100 * num + 10_000
-        for _ in range(max_draws):
-            if len(out) == num:
-                break
+
+        def sample(rng):
             question, answer = sample_problem(rng, self.steps, self.max_number)
-            if split_of(question, self.test_fraction) != split:
-                continue
-            if split == "test":
-                if question in seen:
-                    continue
-                seen.add(question)
-            out.append((question, answer))
-        if len(out) < num:
-            raise ValueError(
-                f"found only {len(out)} distinct {split} problems in {max_draws} draws; "
-                f"ask for fewer than {num} (or raise task.max_number)"
-            )
-        return out
+            return question, (question, answer)
+
+        return draw_split(
+            f"replax-word-problems:{split}:{seed}",
+            split,
+            num,
+            sample,
+            lambda text: split_of(text, self.test_fraction),
+            "problems (raise task.max_number for more)",
+        )
 
     def examples(self, split: str, num: int, seed: int = 0) -> list[Example]:
         return [Example(self.format_prompt(q), str(a)) for q, a in self.problems(split, num, seed)]
