@@ -98,9 +98,10 @@ def _committed_steps(workdir) -> list[int]:
     return sorted(int(n) for n in os.listdir(ckpts) if n.isdigit()) if ckpts.is_dir() else []
 
 
-def _overwrite_largest_file(step_dir, rng) -> None:
+def _overwrite_largest_file(step_dir, rng) -> tuple[pathlib.Path, str]:
     """16 bytes of the largest file the checkpoint's seal lists (an array's data, not
-    orbax's bookkeeping) overwritten with other bytes: a disk or object-store fault."""
+    orbax's bookkeeping) overwritten with other bytes: a disk or object-store fault.
+    Returns the file (relative to step_dir) and the SHA-256 of its new bytes."""
     sealed = step_dir / checkpoint.CHECKSUMS
     names = json.loads(sealed.read_text()) if sealed.exists() else []
     files = [step_dir / n for n in names] or [p for p in step_dir.rglob("*") if p.is_file()]

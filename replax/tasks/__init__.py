@@ -41,12 +41,14 @@ def draw_split(
     sample: Callable[[random.Random], tuple[str, _T]],
     split_of: Callable[[str], str],
     what: str,
+    hint: str = "",
 ) -> list[_T]:
     """`num` items of a generated task's `split`: `sample(rng)` gives (text, item), and
     `split_of(text)` the split the text belongs to, so train and test never share a
     problem; test items are distinct, train ones i.i.d. Deterministic in `name` (e.g.
-    "replax-arith:test:0"). Raises ValueError, naming `what` ran short, when fewer than
-    `num` distinct ones turn up in 100 draws per item (plus 10,000)."""
+    "replax-arith:test:0"). Raises ValueError, naming `what` ran short (and `hint`, how
+    to get more), when fewer than `num` distinct ones turn up in 100 draws per item (plus
+    10,000)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     # A string seed is hashed with SHA-512 by `random`: stable across versions.
@@ -67,7 +69,7 @@ def draw_split(
     if len(out) < num:
         raise ValueError(
             f"found only {len(out)} distinct {split} {what} in {max_draws} draws; "
-            f"ask for fewer than {num}"
+            f"ask for fewer than {num}{hint}"
         )
     return out
 

@@ -254,7 +254,8 @@ class WordProblemTask(Task):
             num,
             sample,
             lambda text: split_of(text, self.test_fraction),
-            "problems (raise task.max_number for more)",
+            "problems",
+            hint=" (or raise task.max_number)",
         )
 
     def examples(self, split: str, num: int, seed: int = 0) -> list[Example]:
