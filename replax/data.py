@@ -12,9 +12,11 @@ into batches of left-padded prompt ids.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +26,7 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
+from tensorflow_datasets.core.utils import tqdm_utils
 
 from replax import sharding
 from replax.config_utils import ConfigError
@@ -92,6 +95,32 @@ class ReplaxTask(tfds.core.GeneratorBasedBuilder):
         for i, example in enumerate(config.task.examples(split, num, config.seed)):
             yield i, {"prompt": example.prompt, "answer": example.answer}
 
+    # tfds prints "Downloading and preparing dataset Unknown size ..." before and "Dataset
+    # ... downloaded and prepared" after a build; replax downloads nothing (the examples
+    # are generated or read locally), so the lines would only mislead, offline above all.
+    def _log_download_bytes(self) -> None:
+        pass
+
+    def _log_download_done(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _quiet_tfds():
+    """tfds's progress bars and its info and warning lines ("Using custom data
+    configuration ...") off while replax builds its data; errors still show, and
+    exceptions propagate as they are."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    active = tqdm_utils._active
+    tfds.display_progress_bar(False)
+    try:
+        yield
+    finally:
+        tfds.display_progress_bar(active)
+        absl_logger.setLevel(level)
+
 
 def prepare_task_data(
     data_dir: str | pathlib.Path, task: Task, *, num_train: int, num_test: int, seed: int = 0
@@ -101,11 +130,16 @@ def prepare_task_data(
     With several processes, process 0 writes it while the others wait; they then read
     what it wrote (or, on a disk of their own, write their own copy)."""
     config = task_data_config(task, num_train=num_train, num_test=num_test, seed=seed)
-    make = lambda: ReplaxTask(data_dir=str(data_dir), config=config, file_format=FILE_FORMAT)
+
+    def make_and_prepare():
+        with _quiet_tfds():
+            builder = ReplaxTask(data_dir=str(data_dir), config=config, file_format=FILE_FORMAT)
+            builder.download_and_prepare()
+        return builder
+
     if jax.process_index() == 0:
         try:
-            builder = make()
-            builder.download_and_prepare()
+            builder = make_and_prepare()
         except BaseException:
             sharding.from_process_zero(np.int32(1))  # the others stop too
             raise
@@ -113,9 +147,7 @@ def prepare_task_data(
         return builder
     if sharding.from_process_zero(np.int32(0)):
         raise ConfigError(f"process 0 could not prepare the data in {data_dir}: see its output")
-    builder = make()  # made now: a builder reads what is on disk when it is made
-    builder.download_and_prepare()
-    return builder
+    return make_and_prepare()  # made now: a builder reads what is on disk when it is made
 
 
 # -- Grain pipelines -----------------------------------------------------------------

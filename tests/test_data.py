@@ -1,6 +1,7 @@
 """Tests for replax/data.py: TFDS builders (ArrayRecord) and grain prompt pipelines."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -180,3 +181,30 @@ def test_iterator_checkpoints_with_orbax(tmp_path):
             1, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointRestore(restored))
         )
     np.testing.assert_array_equal(next(restored)["index"], expected)
+
+
+def test_a_data_build_prints_nothing_of_tfds(tmp_path, capfd, caplog):
+    """The data is generated locally: tfds's "Downloading and preparing dataset Unknown
+    size..." and "... downloaded and prepared" lines (and its progress bars) say nothing
+    true about it, on a machine without network least of all."""
+    task = arith.ArithTask(arith.EASY)
+    data.prepare_task_data(tmp_path, task, num_train=20, num_test=6, seed=3)
+    data.prepare_task_data(tmp_path, task, num_train=20, num_test=6, seed=3)  # reused
+    out, err = capfd.readouterr()
+    assert "Downloading and preparing" not in out + err
+    assert "downloaded and prepared" not in out + err
+    assert "Generating splits" not in out + err and "Shuffling" not in out + err
+    assert out + err == "", out + err
+    # Nor its warnings ("Using custom data configuration ..."), which absl writes to stderr.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_data_build_still_raises_its_errors(tmp_path):
+    from user_task import ReverseTask
+
+    class Broken(ReverseTask):
+        def examples(self, split, num, seed):
+            raise RuntimeError("the task's own error")
+
+    with pytest.raises(RuntimeError, match="the task's own error"):
+        data.prepare_task_data(tmp_path, Broken(4), num_train=4, num_test=2, seed=0)
