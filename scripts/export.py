@@ -9,7 +9,8 @@ generation_config.json (every stop id) and, for a run with a Hugging Face tokeni
 tokenizer files: a directory that transformers' AutoModelForCausalLM and AutoTokenizer
 load. A run with the byte-level tokenizer exports the model alone.
 
-A workdir without config.json or checkpoints, or a missing step: exit 2, one line.
+A workdir without config.json or checkpoints, or a missing step: exit 2, one line. So is
+an install without the `hf` extra (safetensors), before anything is read or written.
 """
 
 import json
@@ -33,6 +34,10 @@ def _fail(message: str) -> None:
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
+    try:  # the `hf` extra's; the README's plain `pip install -e .` does not install it
+        import safetensors.numpy  # noqa: F401
+    except ImportError:
+        _fail("export writes safetensors, which is not installed: pip install -e '.[hf]'")
     from replax import checkpoint, hf, hf_config
     from replax import run as run_lib
     from replax import spec as spec_lib
