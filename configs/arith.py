@@ -14,8 +14,9 @@ seeds) positive bias with a large buffer won; N = 4096 at lr 1e-4 ended above N 
 on every seed, at the same inference and cost ratios, and gained 9 points more on this
 run.
 Hardware: 2 CPU cores, or 8 simulated CPU devices (the mesh takes every device).
-Expected: about 15 minutes on 2 CPU cores including compilation and warm start; held-out greedy
-accuracy up by more than 25 points over the warm start.
+Expected: about 3 minutes on 2 free CPU cores, compilation and warm start included (slower
+when other work shares the cores); held-out greedy accuracy up by more than 25 points over
+the warm start.
 
 Variants:
   replay    (default) R = 2 x 8 fresh rollouts per step, batch B = 64 (replay ratio

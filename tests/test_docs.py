@@ -42,3 +42,19 @@ def test_docs_readme_lists_every_page_with_what_it_answers():
     missing = [page for page in pages if page not in listed]
     assert not missing, f"docs/README.md does not list {missing}"
     assert not listed - set(pages), f"docs/README.md lists pages that do not exist: {listed}"
+
+
+def test_readme_and_the_main_config_give_the_main_job_the_same_time():
+    """The README's first command and configs/arith.py's docstring state one figure for the
+    main job's time, on the same hardware, and both say that load makes it slower."""
+    readme = (ROOT / "README.md").read_text().split("\n\n")[1]  # the first command's line
+    config = (ROOT / "configs" / "arith.py").read_text().split('"""')[1]
+    config = " ".join(config.split())
+    figures = []
+    for text in (readme, config):
+        match = re.search(r"about (\d+) minutes", text)
+        assert match, text
+        figures.append(match.group(1))
+        assert "2 free CPU cores" in " ".join(text.split()), text
+        assert "slower" in text, text
+    assert figures[0] == figures[1], figures
