@@ -4,7 +4,11 @@ Progress takes the form of where it is shown (`make_progress`): a terminal gets 
 redrawn in place (`ProgressBar`), a notebook a live tqdm bar (`NotebookBar`, when tqdm is
 installed), and anything else (a log file, a batch job's captured stderr) a plain line
 at most every `log.print_every_s` seconds and at the last step (`ProgressLog`). All three
-take `update(step, reward, tokens_per_s, accuracy)` once a step.
+take `update(step, reward, gen_tokens, gen_s, accuracy)` once a step.
+
+The first step after a (re)start compiles the programs, which can take longer than
+hundreds of steps: every display measures its rate of generated tokens and its time left
+from the end of that step on (`_Pace`), and shows none until there is one.
 """
 
 from __future__ import annotations
@@ -16,9 +20,30 @@ import jax
 import numpy as np
 
 
-def _eta(elapsed: float, done: int, total: int, step: int) -> float:
-    """Seconds left at the mean pace of the steps since the (re)start."""
-    return elapsed / max(done, 1) * (total - step)
+class _Pace:
+    """Generated tokens per second of generation, and seconds left, measured from the end of
+    the first step a display sees (the one that compiled) to the latest: None for both
+    until a later step is done (and no rate while nothing more was generated)."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.first = None  # (time, step, gen_tokens, gen_s) at the end of the first step
+        self.first_step_s = None
+
+    def update(self, now: float, step: int, gen_tokens: float, gen_s: float, started: float):
+        """(tokens_per_s, seconds_left) after `step`; `started` is when the display began."""
+        if self.first is None:
+            self.first = (now, step, gen_tokens, gen_s)
+            self.first_step_s = now - started
+            return None, None
+        t0, step0, tokens0, gen_s0 = self.first
+        tokens_per_s = (gen_tokens - tokens0) / (gen_s - gen_s0) if gen_s > gen_s0 else None
+        seconds_left = (now - t0) / (step - step0) * (self.total - step) if step > step0 else None
+        return tokens_per_s, seconds_left
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return "-" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
 
 
 def _accuracy(accuracy: float | None) -> str:
@@ -40,7 +65,8 @@ class _Latest:
 
 
 class ProgressBar(_Latest):
-    """One-line terminal progress: step, reward, accuracy, tokens/s and ETA."""
+    """One-line terminal progress: step, reward, accuracy, tokens/s and ETA (`compiling`
+    until the first step is done, `-` until a second one gives a pace)."""
 
     def __init__(
         self, total_steps: int, start_step: int = 0, stream=sys.stderr, enabled: bool = True
@@ -48,24 +74,35 @@ class ProgressBar(_Latest):
         self.total = total_steps
         self.start_step = start_step
         self.t0 = time.time()
+        self.pace = _Pace(total_steps)
         self.stream = stream
         self.enabled = enabled and stream.isatty()
         self.last_accuracy = None
         self.last_reward = 0.0
+        self._draw(start_step, "-", "compiling")
 
     def update(
-        self, step: int, reward: float | None, tokens_per_s: float, accuracy: float | None = None
+        self,
+        step: int,
+        reward: float | None,
+        gen_tokens: float,
+        gen_s: float,
+        accuracy: float | None = None,
     ) -> None:
         """reward: this step's mean reward, None on a step that generated nothing (the bar
-        keeps showing the last one)."""
+        keeps showing the last one); gen_tokens, gen_s: the run's cumulative generated
+        tokens and seconds of generation."""
         self._remember(reward, accuracy)
-        eta = _eta(time.time() - self.t0, step - self.start_step, self.total, step)
+        tokens_per_s, eta = self.pace.update(time.time(), step, gen_tokens, gen_s, self.t0)
+        self._draw(step, _rate(tokens_per_s), "   -" if eta is None else f"{eta:4.0f}s")
+
+    def _draw(self, step: int, rate: str, eta: str) -> None:
         width = 24
         filled = int(width * step / max(self.total, 1))
         line = (
             f"\r[{'#' * filled}{'.' * (width - filled)}] step {step}/{self.total} "
             f"reward {self.last_reward:.3f} acc {_accuracy(self.last_accuracy)} "
-            f"{tokens_per_s:,.0f} tok/s ETA {eta:4.0f}s"
+            f"{rate} tok/s ETA {eta}"
         )
         if self.enabled:
             self.stream.write(line)
@@ -80,7 +117,9 @@ class ProgressBar(_Latest):
 class ProgressLog(_Latest):
     """Progress off a terminal: one line (step N/TOTAL, reward, last held-out accuracy,
     tokens/s, time left) at the first step, then at most every print_every_s seconds
-    (0: every step), and at the last step, so that a log file grows at a known pace."""
+    (0: every step), and at the last step, so that a log file grows at a known pace. The
+    first step's line gives its time instead (it includes compiling): the rate and the
+    time left are measured from its end."""
 
     def __init__(
         self,
@@ -94,24 +133,34 @@ class ProgressLog(_Latest):
         self.total, self.start_step = total_steps, start_step
         self.print_every_s, self.stream, self.clock = print_every_s, stream, clock
         self.t0 = clock()
+        self.pace = _Pace(total_steps)
         self.printed_at = None
         self.last_accuracy = self.last_reward = None
 
     def update(
-        self, step: int, reward: float | None, tokens_per_s: float, accuracy: float | None = None
+        self,
+        step: int,
+        reward: float | None,
+        gen_tokens: float,
+        gen_s: float,
+        accuracy: float | None = None,
     ) -> None:
         self._remember(reward, accuracy)
         now = self.clock()
+        tokens_per_s, eta = self.pace.update(now, step, gen_tokens, gen_s, self.t0)
         due = self.printed_at is None or now - self.printed_at >= self.print_every_s
         if not (due or step >= self.total):
             return
         self.printed_at = now
-        eta = _eta(now - self.t0, step - self.start_step, self.total, step)
         reward_text = "-" if self.last_reward is None else f"{self.last_reward:.3f}"
+        if eta is None and tokens_per_s is None and step == self.pace.first[1]:
+            pace = f"first step {duration(self.pace.first_step_s)} (compiling)"
+        else:
+            left = "-" if eta is None else duration(eta)
+            pace = f"{_rate(tokens_per_s)} tok/s {left} left"
         self.stream.write(
             f"step {step}/{self.total} reward {reward_text} acc "
-            f"{_accuracy(self.last_accuracy).strip()} {tokens_per_s:,.0f} tok/s "
-            f"{duration(eta)} left\n"
+            f"{_accuracy(self.last_accuracy).strip()} {pace}\n"
         )
         self.stream.flush()
 
@@ -120,23 +169,41 @@ class ProgressLog(_Latest):
 
 
 class NotebookBar(_Latest):
-    """A live tqdm bar (tqdm.auto draws a widget in a notebook) with the same figures."""
+    """A live tqdm bar (tqdm.auto draws a widget in a notebook) with the same figures; tqdm's
+    own rate and time left count from the end of the first (compiling) step."""
 
     def __init__(self, total_steps: int, start_step: int = 0, *, tqdm):
         self.bar = tqdm(total=total_steps, initial=start_step, desc="replax", unit="step")
+        self.bar.set_postfix({"tok/s": "compiling"}, refresh=True)
+        self.pace = _Pace(total_steps)
         self.last_accuracy = self.last_reward = None
 
     def update(
-        self, step: int, reward: float | None, tokens_per_s: float, accuracy: float | None = None
+        self,
+        step: int,
+        reward: float | None,
+        gen_tokens: float,
+        gen_s: float,
+        accuracy: float | None = None,
     ) -> None:
         self._remember(reward, accuracy)
-        figures = {"tok/s": f"{tokens_per_s:,.0f}"}
+        first = self.pace.first is None
+        tokens_per_s, _ = self.pace.update(time.time(), step, gen_tokens, gen_s, 0.0)
+        figures = {"tok/s": _rate(tokens_per_s)}
         if self.last_reward is not None:
             figures["reward"] = f"{self.last_reward:.3f}"
         if self.last_accuracy is not None:
             figures["acc"] = _accuracy(self.last_accuracy).strip()
         self.bar.set_postfix(figures, refresh=False)
         self.bar.update(step - self.bar.n)
+        if first:
+            # tqdm's rate (and so its time left) counts from here, not from before the
+            # compile: reset() restarts its clock and its smoothed rate, `initial` is the
+            # count the rate starts from.
+            n = self.bar.n
+            self.bar.reset(total=self.bar.total)
+            self.bar.initial = self.bar.n = self.bar.last_print_n = n
+            self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()

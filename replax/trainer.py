@@ -244,8 +244,13 @@ def run_loop(
         record["step_s"] = time.time() - t_step
         if loop.step % c.log_every == 0 or "eval_accuracy" in record:
             writer.write(loop.step, record)
-        tokens_per_s = account.gen_tokens / max(account.gen_s, 1e-9)
-        bar.update(loop.step, record["reward_mean"], tokens_per_s, record.get("eval_accuracy"))
+        bar.update(
+            loop.step,
+            record["reward_mean"],
+            account.gen_tokens,
+            account.gen_s,
+            record.get("eval_accuracy"),
+        )
         # CHECKPOINT, also when asked to stop (every process agrees on the step)
         stopping = _checkpoint_if_due(
             run,
