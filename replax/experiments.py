@@ -247,14 +247,18 @@ def ensure_run(
 
 
 def evaluate_checkpoint(
-    spec: spec_lib.RunSpec, workdir: str, step: int | None = None, warn=None
+    spec: spec_lib.RunSpec, workdir: str, step: int | None = None, warn=None, key: int | None = None
 ) -> dict[str, Any]:
     """The run's held-out evaluation (greedy accuracy, pass@k at temperature 1, entropy;
     the sizes in spec.eval) of its latest sealed checkpoint whose files match their
     checksums, or of `step` (ConfigError, naming the sealed ones, if it is not one), with
-    the evaluation key 0. `warn` (default stderr) gets a line for each newer checkpoint
+    the key the run's own evaluation of that step drew its temperature-1 samples with
+    (`trainer.eval_key`; `key=0`: key(0)), so that pass@k and entropy are the logged ones
+    under the same settings. `warn` (default stderr) gets a line for each newer checkpoint
     passed over. Builds the run and reads its data; never reruns a warm start."""
-    from replax import checkpoint  # imported late, as in ensure_run
+    import jax
+
+    from replax import checkpoint, trainer  # imported late, as in ensure_run
     from replax import run as run_lib
 
     warn = warn or (lambda line: print(line, file=sys.stderr))
@@ -270,25 +274,26 @@ def evaluate_checkpoint(
         state = checkpointer.restore_train_state(step, train_state=train_state)
     finally:
         checkpointer.close()
-    return {"step": step, **_evaluate(data, state.params)}
+    rng = trainer.eval_key(spec.seed, step) if key is None else jax.random.key(key)
+    return {"step": step, **_evaluate(data, state.params, rng)}
 
 
 def evaluate_pretrained(spec: spec_lib.RunSpec, workdir: str) -> dict[str, Any]:
     """The held-out evaluation, as `evaluate_checkpoint` makes it, of the Hugging Face
     directory of spec.model.checkpoint (model.init='checkpoint'); the data set is built
     in workdir/data unless task.data_dir says."""
+    import jax
+
     from replax import run as run_lib
 
     run = run_lib.build(spec, workdir)
     data = run_lib.prepare_data(run)
     params = run_lib.initial_params(run, data, log=lambda line: None)
-    return {"checkpoint": spec.model.checkpoint, **_evaluate(data, params)}
+    return {"checkpoint": spec.model.checkpoint, **_evaluate(data, params, jax.random.key(0))}
 
 
-def _evaluate(data, params) -> dict[str, float]:
-    import jax
-
-    metrics = data.evaluator(params, jax.random.key(0))
+def _evaluate(data, params, rng) -> dict[str, float]:
+    metrics = data.evaluator(params, rng)
     return {k: float(v) for k, v in metrics.items()}
 
 
@@ -305,7 +310,9 @@ def final_evaluation(
     spec = dataclasses.replace(
         spec, eval=dataclasses.replace(spec.eval, pass_k_prompts=pass_k_prompts)
     )
-    result = evaluate_checkpoint(spec, workdir)
+    # key(0), as the studies' results were made with (their own prompts' count differs from
+    # the run's evaluations anyway).
+    result = evaluate_checkpoint(spec, workdir, key=0)
     log(f"final evaluation of {workdir}: pass@k {result.get('eval_pass_at_k')}")
     with open(path, "w") as f:
         json.dump(result, f)

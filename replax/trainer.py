@@ -185,7 +185,7 @@ def run_loop(
         if spent():
             break  # a resumed run that had already spent its rollout budget
         t_step = time.time()
-        gen_key, sample_key, eval_key = jax.random.split(jax.random.fold_in(base_key, step), 3)
+        gen_key, sample_key, eval_key = step_keys(base_key, step)
         generated, max_age = schedule.should_generate(step), schedule.max_age()
         # Skipped steps did not advance the optimizer's count of updates.
         learning_rate = learning_rates[step - loop.skipped_steps]
@@ -283,6 +283,19 @@ def run_loop(
         "wall_s": time.time() - t_start,
         **account.as_dict(),
     }
+
+
+def step_keys(base_key, step: int):
+    """(generation, replay sampling, evaluation) keys of the loop step that takes the run
+    from `step` to step + 1 steps done: fold_in(key(seed), step), split 3 ways. The
+    evaluation after it, of checkpoint step + 1, draws its temperature-1 samples with the
+    third; scripts/evaluate.py draws them with the same key for that checkpoint."""
+    return jax.random.split(jax.random.fold_in(base_key, step), 3)
+
+
+def eval_key(seed: int, step: int):
+    """The key the run's own evaluation of checkpoint `step` (steps done) used."""
+    return step_keys(jax.random.key(seed), step - 1)[2]
 
 
 def _step_record(

@@ -19,8 +19,11 @@ unless the config names another). With --workdir, the data set is built in WORKD
 goes to a temporary directory and the result is printed only.
 
 Prints greedy pass@1 (eval_accuracy), pass@k at temperature 1 and mean token entropy as
-one JSON object, with the step (a run) or the directory (--checkpoint) evaluated; a run's
-goes to WORKDIR/eval.json too. Bad input: exit 2, one line on stderr. absl's --verbosity
+one JSON object. A run's checkpoint draws its temperature-1 samples with the key the run's
+own evaluation of that step drew them with, so with unchanged eval.* settings the figures
+are those in its metrics.jsonl at that step (a Hugging Face directory: key 0). The JSON
+names the step (a run) or the directory (--checkpoint) evaluated; a run's goes to
+WORKDIR/eval.json too. Bad input: exit 2, one line on stderr. absl's --verbosity
 is honoured (default: errors only).
 """
 
