@@ -47,6 +47,9 @@ setuptools.setup(
             "pyarrow>=14",
         ],
         "bench": ["flashbax>=0.1.3"],
+        # Viewing a run's tensorboard/ (the run writes it through tensorboardX, installed
+        # anyway): `tensorboard --logdir=runs`, and the notebook's %tensorboard.
+        "tensorboard": ["tensorboard>=2.14"],
         # Accelerators: jax with libtpu on a Cloud TPU VM or a Colab TPU runtime; jax with
         # CUDA 12 and its pip-installed libraries on an NVIDIA GPU (jax's `cuda12` extra; a
         # CUDA 13 driver can take `pip install 'jax[cuda13]'` after it).

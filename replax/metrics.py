@@ -29,6 +29,35 @@ TIMING_KEYS = (
 )
 
 
+# metrics.jsonl keys that TensorBoard shows under placement/ (disjoint placement's,
+# replax.placement) and under replay/ besides those named replay_* (the off-policy
+# correction of replayed rollouts, the auto schedule's).
+PLACEMENT_KEYS = (
+    "policy_lag_mean",
+    "policy_lag_max",
+    "sampler_busy_frac",
+    "trainer_busy_frac",
+    "sync_s",
+    "wait_s",
+    "replay_ratio_realised",
+)
+REPLAY_PREFIXES = ("replay_", "is_", "auto_", "halves_")
+REPLAY_KEYS = ("clip_frac", "rollouts_kept")
+
+
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a metrics.jsonl key, grouped by what it is about: eval/
+    (held-out evaluation), replay/ (the store and its corrections), placement/ (disjoint
+    sampling), train/ (the rest: rewards, losses, cost). The key itself is unchanged."""
+    if key in PLACEMENT_KEYS:
+        return f"placement/{key}"
+    if key.startswith("eval_") or key == "entropy":
+        return f"eval/{key}"
+    if key.startswith(REPLAY_PREFIXES) or key in REPLAY_KEYS:
+        return f"replay/{key}"
+    return f"train/{key}"
+
+
 def _to_python(value):
     if isinstance(value, (np.generic, np.ndarray)):
         value = value.item() if np.ndim(value) == 0 else value.tolist()
@@ -42,7 +71,8 @@ def _to_python(value):
 class MetricsWriter:
     """Appends one JSON object per logged step to DIR/metrics.jsonl, one per held-out
     sample of an evaluation to DIR/samples.jsonl, and mirrors the scalars (and the samples,
-    as text) to TensorBoard (DIR/tensorboard) when tensorboardX is installed. A writer
+    as text) to TensorBoard (DIR/tensorboard) when tensorboardX is installed, under tags
+    grouped train/, eval/, replay/, placement/ (`tensorboard_tag`). A writer
     that is not `enabled` (on processes other than 0) writes nothing."""
 
     def __init__(self, workdir: str, *, resume_step: int = -1, enabled: bool = True):
@@ -77,7 +107,7 @@ class MetricsWriter:
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, step)
+                    self._tb.add_scalar(tensorboard_tag(key), value, step)
 
     def write_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
         """One line per sample (prompt, completion, reward, answer, ...) with the step."""
@@ -87,7 +117,7 @@ class MetricsWriter:
         self._samples.writelines(json.dumps(r) + "\n" for r in records)
         self._samples.flush()
         if self._tb is not None:
-            self._tb.add_text("samples", _markdown_table(samples), step)
+            self._tb.add_text("eval/samples", _markdown_table(samples), step)
 
     def close(self) -> None:
         for f in (self._file, self._samples, self._tb):

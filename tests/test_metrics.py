@@ -88,10 +88,49 @@ def test_tensorboard_mirrors_the_numeric_values(tmp_path):
     writer.close()
     scalars = read_scalars(str(tmp_path))
     assert sorted(scalars) == [
-        ("gen_tokens", 1, 12.0),
-        ("reward_mean", 1, 0.5),
-        ("reward_mean", 2, 0.75),
+        ("train/gen_tokens", 1, 12.0),
+        ("train/reward_mean", 1, 0.5),
+        ("train/reward_mean", 2, 0.75),
     ]
+
+
+def test_tensorboard_groups_its_tags_and_metrics_jsonl_keeps_its_keys(tmp_path):
+    record = {
+        "reward_mean": 0.5,
+        "learning_rate": 1e-4,
+        "eval_accuracy": 0.25,
+        "eval_pass_at_k": 0.5,
+        "entropy": 0.3,
+        "replay_age_mean": 3.0,
+        "is_ess": 0.9,
+        "clip_frac": 0.1,
+        "policy_lag_mean": 1.0,
+        "sampler_busy_frac": 0.7,
+        "replay_ratio_realised": 4.0,
+    }
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write(5, record)
+    writer.write_samples(5, SAMPLES)
+    writer.close()
+    texts = read_texts(tmp_path)
+    scalars = {tag for tag, _, _ in read_scalars(str(tmp_path))} - {t for t, _, _ in texts}
+    assert scalars == {
+        "train/reward_mean",
+        "train/learning_rate",
+        "eval/eval_accuracy",
+        "eval/eval_pass_at_k",
+        "eval/entropy",
+        "replay/replay_age_mean",
+        "replay/is_ess",
+        "replay/clip_frac",
+        "placement/policy_lag_mean",
+        "placement/sampler_busy_frac",
+        "placement/replay_ratio_realised",
+    }
+    ((tag, _, _),) = texts
+    assert tag.startswith("eval/samples")
+    (line,) = metrics.read_metrics(str(tmp_path))
+    assert line == {"step": 5, **record}  # metrics.jsonl's keys as they were
 
 
 def test_mu_measured_is_generation_over_training_seconds_per_rollout():
@@ -177,7 +216,7 @@ def test_samples_go_to_samples_jsonl_with_their_step_and_to_tensorboard_as_text(
     writer.close()
     assert read_samples(tmp_path) == [{"step": 3, **s} for s in SAMPLES]
     ((tag, step, text),) = read_texts(tmp_path)
-    assert tag.startswith("samples") and step == 3
+    assert tag.startswith("eval/samples") and step == 3
     lines = text.splitlines()
     assert lines[0] == "index | prompt | completion | reward | answer"
     # A | in a prompt is escaped and a newline kept inside its table cell.
