@@ -1,12 +1,13 @@
 """The Colab notebook runs top to bottom on the CPU, every cell, with only its parameters
-changed (through the REPLAX_* environment variables its first cell reads): replax installed
-by its own %pip cell from this checkout, a tiny random Qwen2-architecture Hugging Face
+changed (through the REPLAX_* environment variables its first cell reads): replax as this
+environment has it (the notebook finds it importable and installs nothing, so the test
+never touches the environment's install), a tiny random Qwen2-architecture Hugging Face
 directory for MODEL, the forty problems of tests/data/gsm8k_tiny.jsonl for DATA, a few
-steps, ALLOW_CPU.
+steps, ALLOW_CPU. The kernel runs in notebooks/, as Jupyter runs a notebook.
 
-The install goes into a directory of its own (pip --target, first on the kernel's
-PYTHONPATH) and without dependencies, which this environment already has: the test
-neither reinstalls the environment's replax nor pulls the `tpu` extra's libtpu."""
+The install cell's other paths (a notebook in a checkout without replax installed; no
+checkout and no REPLAX_SOURCE), the one-line stops and the TensorBoard cell's message run
+cell by cell, with replax (or tensorboard) made unimportable in the kernel."""
 
 import importlib.util
 import json
@@ -25,7 +26,7 @@ NOTEBOOK = ROOT / "notebooks" / "replax_colab.ipynb"
 # The Colab settings a CPU cannot run in seconds: float32 (XLA:CPU's bfloat16 is slow),
 # short prompts, pass@k on a handful of prompts, one checkpoint at the end.
 CPU_OVERRIDES = (
-    "model.dtype=float32 rollout.max_prompt_len=80 model.max_len=96 train.num_microbatches=2 "
+    "model.dtype=float32 rollout.max_prompt_len=80 model.max_len=96 "
     "eval.pass_k=2 eval.pass_k_prompts=4 checkpoint_every=4"
 )
 
@@ -34,7 +35,9 @@ def run_notebook(**parameters):
     """The notebook executed top to bottom with `parameters` added to the environment, and
     the error of the cell that failed (None if none did)."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3")
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": NOTEBOOK.parent}}
+    )
     try:
         client.execute(env={**os.environ, **parameters})
     except CellExecutionError as error:
@@ -59,33 +62,25 @@ def gsm8k_directory(tmp_path):
     return data, records
 
 
-def test_notebook_executes(tmp_path, gsm8k_directory):
+def test_notebook_executes(tmp_path, gsm8k_directory, monkeypatch):
     data, records = gsm8k_directory
     model = tmp_path / "tiny-qwen2"
     write_tiny_bpe_qwen2(model, [r["question"] + "\n" + r["answer"] for r in records])
-    site = tmp_path / "site"
-    site.mkdir()
-    # Without build isolation pip builds with this environment's setuptools, offline; an
-    # environment without setuptools (Python 3.12+ venvs) lets pip fetch it. Otherwise pip
-    # needs no index: no dependencies, a local source.
-    if importlib.util.find_spec("setuptools"):
-        offline = "--no-build-isolation --no-index --disable-pip-version-check"
-    else:
-        offline = "--disable-pip-version-check"
+    monkeypatch.delenv("REPLAX_SOURCE", raising=False)
     work = tmp_path / "work"
     nb, error = run_notebook(
-        REPLAX_SOURCE=str(ROOT),
-        REPLAX_PIP_OPTIONS=f"--no-deps {offline} --target={site}",
-        PYTHONPATH=str(site),
         REPLAX_MODEL=str(model),
         REPLAX_DATA=str(data),
         REPLAX_WORK=str(work),
         REPLAX_ALLOW_CPU="1",
-        # R = 2 x 4, B = 16, N = 32, 4 steps, evaluations on 8 prompts at steps 2 and 4.
+        REPLAX_TENSORBOARD="0",
+        # R = 2 x 4, B = 16 in 2 microbatches, N = 32, 4 steps, evaluations on 8 prompts
+        # at steps 2 and 4.
         REPLAX_STEPS="4",
         REPLAX_PROMPTS_PER_STEP="2",
         REPLAX_GROUP_SIZE="4",
         REPLAX_BATCH_SIZE="16",
+        REPLAX_NUM_MICROBATCHES="2",
         REPLAX_CAPACITY="32",
         REPLAX_MAX_NEW_TOKENS="16",
         REPLAX_EVAL_EVERY="2",
@@ -95,14 +90,16 @@ def test_notebook_executes(tmp_path, gsm8k_directory):
     text = output_text(nb)
     assert error is None, f"{error}\n{text[-3000:]}"
 
-    # The %pip cell installed the checkout (its configs included), and the notebook ran
-    # that copy, not this environment's replax.
-    assert f"replax from {site / 'replax'}" in text, text[:3000]
-    assert (site / "replax" / "configs" / "gsm8k.py").is_file()
-    # Nothing was downloaded: the model is the local directory, the data the local files,
-    # and the source was copied under WORK.
+    # replax was importable: nothing installed, the notebook ran this environment's replax.
+    installed = importlib.util.find_spec("replax").origin
+    assert f"replax is already importable from {os.path.dirname(installed)}" in text, text[:3000]
+    assert not [line for line in text.splitlines() if line.startswith("pip install")]
+    assert "Successfully installed" not in text
+    assert f"replax from {os.path.dirname(installed)}" in text
+    # Nothing was downloaded: the model is the local directory, the data the local files.
     assert f"model {model}" in text and f"data {data}" in text
-    assert (work / "replax" / "setup.py").is_file() and not (work / "models").exists()
+    assert not (work / "replax").exists() and not (work / "models").exists()
+    assert "TensorBoard off" in text
     # The run's summary, and the plot of held-out accuracy against generated tokens.
     assert "'final_accuracy'" in text and "'base_accuracy'" in text, text[-2000:]
     assert "generated tokens" in text and "accuracy " in text
@@ -119,24 +116,98 @@ def test_notebook_executes(tmp_path, gsm8k_directory):
         assert "it appears at the first evaluation" in text
 
 
-def test_notebook_stops_without_a_source_or_an_accelerator(tmp_path, monkeypatch):
-    """With REPLAX_SOURCE unset the install stops, saying what to set; on a CPU runtime
-    (ALLOW_CPU unset) the backend check stops, saying how to switch to a TPU."""
-    for name in ("REPLAX_SOURCE", "REPLAX_ALLOW_CPU"):
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def cell_with(nb, text):
+    return next(c for c in code_cells(nb) if text in c.source)
+
+
+def stop_line(client, nb, cell) -> str:
+    """The one line a cell stops with (no traceback)."""
+    with pytest.raises(CellExecutionError) as error:
+        client.execute_cell(cell, nb.cells.index(cell))
+    assert error.value.ename == "Stop", (error.value.ename, error.value.evalue)
+    (output,) = [o for o in cell.outputs if o.output_type == "error"]
+    assert len(output.traceback) == 1, output.traceback
+    return output.traceback[0]
+
+
+def run_in_kernel(client, code: str) -> None:
+    cell = nbformat.v4.new_code_cell(code)
+    client.execute_cell(cell, 0)
+
+
+def test_install_cell_installs_nothing_when_importable_else_the_checkout_else_says_how(
+    tmp_path, monkeypatch
+):
+    """replax importable: nothing to install. Not importable (sys.modules says so in the
+    kernel), the notebook in a checkout's notebooks/: that checkout, editable. Neither, and
+    REPLAX_SOURCE unset: one line saying what to set, no traceback, nothing installed. The
+    backend check stops with one line too, and the TensorBoard cell says what to install."""
+    for name in ("REPLAX_SOURCE", "REPLAX_ALLOW_CPU", "REPLAX_TENSORBOARD"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("REPLAX_WORK", str(tmp_path / "work"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code"]
-    source_cell = next(c for c in cells if "REQUIREMENT =" in c.source)
-    backend_cell = next(c for c in cells if "jax.default_backend()" in c.source)
-    client = NotebookClient(nb, timeout=120, kernel_name="python3")
-    errors = []
+    parameters, source_cell = code_cells(nb)[0], cell_with(nb, "REQUIREMENT =")
+    backend_cell = cell_with(nb, "jax.default_backend()")
+    tensorboard_cell = cell_with(nb, "replax[tensorboard]")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    client = NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": NOTEBOOK.parent}}
+    )
     with client.setup_kernel():
-        client.execute_cell(cells[0], nb.cells.index(cells[0]))  # the parameters
-        for cell in (source_cell, backend_cell):
-            with pytest.raises(CellExecutionError) as error:
-                client.execute_cell(cell, nb.cells.index(cell))
-            errors.append((error.value.ename, error.value.evalue))
-    assert errors[0][0] == "ValueError" and errors[0][1].startswith("set REPLAX_SOURCE to")
-    assert errors[1][0] == "RuntimeError" and errors[1][1].startswith("JAX sees no TPU")
-    assert "Runtime > Change runtime type > TPU" in errors[1][1]
+        client.execute_cell(parameters, nb.cells.index(parameters))
+        client.execute_cell(source_cell, nb.cells.index(source_cell))
+        assert "replax is already importable from" in output_text_of(source_cell)
+        run_in_kernel(client, "print('REQUIREMENT', REQUIREMENT)")
+        # Not importable, in notebooks/ of this checkout.
+        run_in_kernel(client, "import sys; sys.modules['replax'] = None")
+        client.execute_cell(source_cell, nb.cells.index(source_cell))
+        assert f"pip install -e {ROOT}[tpu,hf]" in output_text_of(source_cell)
+        # Not importable, not in a checkout, no REPLAX_SOURCE.
+        run_in_kernel(client, f"os.chdir({str(elsewhere)!r})")
+        line = stop_line(client, nb, source_cell)
+        assert line.startswith("replax is not installed: set REPLAX_SOURCE in the first cell")
+        assert "checkout folder or a pip-installable URL" in line
+        assert not (tmp_path / "work" / "replax").exists()
+        # A CPU runtime without ALLOW_CPU.
+        run_in_kernel(client, "del sys.modules['replax']")
+        line = stop_line(client, nb, backend_cell)
+        assert line.startswith("JAX sees no TPU") and "Runtime > Change runtime type > TPU" in line
+        # TensorBoard missing.
+        run_in_kernel(client, "sys.modules['tensorboard'] = None")
+        client.execute_cell(tensorboard_cell, nb.cells.index(tensorboard_cell))
+        assert "pip install 'replax[tensorboard]'" in output_text_of(tensorboard_cell)
+
+
+def output_text_of(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []))
+
+
+def test_a_bad_setting_stops_the_run_cell_with_one_line(tmp_path, gsm8k_directory, monkeypatch):
+    """The small run that once ended in a long traceback: 8 microbatches of a batch of 4."""
+    data, records = gsm8k_directory
+    model = tmp_path / "tiny-qwen2"
+    write_tiny_bpe_qwen2(model, [r["question"] + "\n" + r["answer"] for r in records])
+    for name, value in {
+        "REPLAX_MODEL": str(model),
+        "REPLAX_DATA": str(data),
+        "REPLAX_WORK": str(tmp_path / "work"),
+        "REPLAX_BATCH_SIZE": "4",
+        "REPLAX_NUM_MICROBATCHES": "8",
+    }.items():
+        monkeypatch.setenv(name, value)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": NOTEBOOK.parent}}
+    )
+    with client.setup_kernel():
+        for text in ("PARAMETERS =", "snapshot_download"):  # parameters, the policy and data
+            cell = cell_with(nb, text)
+            client.execute_cell(cell, nb.cells.index(cell))
+        line = stop_line(client, nb, cell_with(nb, "trainer.train("))
+    assert line.startswith("error: train.num_microbatches=8: must divide train.batch_size=4"), line
+    assert not (tmp_path / "work" / "run").exists()
