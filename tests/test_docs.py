@@ -58,3 +58,67 @@ def test_readme_and_the_main_config_give_the_main_job_the_same_time():
         assert "2 free CPU cores" in " ".join(text.split()), text
         assert "slower" in text, text
     assert figures[0] == figures[1], figures
+
+
+def readme_quick_start() -> str:
+    """The code block of README.md's "Python quick start" section (indented 4 spaces)."""
+    section = (ROOT / "README.md").read_text().split("## Python quick start\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    lines, started = [], False
+    for line in section.splitlines():
+        if line.startswith("    "):
+            started = True
+            lines.append(line[4:])
+        elif started and line.strip():
+            break
+        elif started:
+            lines.append("")
+    return "\n".join(lines).strip() + "\n"
+
+
+# What makes the quick start tiny here (a test runs it): the micro policy of
+# tests/test_trainer.py, no warm start, 4 steps. Applied to the config as spec.parse sees it,
+# after the README's own overrides.
+TINY = {
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.num_heads": 2,
+    "model.num_kv_heads": 1,
+    "model.head_dim": 16,
+    "model.mlp_dim": 64,
+    "model.init": "random",
+    "task.num_train": 64,
+    "task.num_test": 16,
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 4,
+    "train.batch_size": 16,
+    "replay.capacity": 32,
+    "eval.num_prompts": 16,
+    "eval.pass_k": 2,
+    "eval.pass_k_prompts": 8,
+    "eval.every": 2,
+    "checkpoint_every": 4,
+    "total_steps": 4,
+}
+
+
+def test_the_readme_python_quick_start_runs(tmp_path, monkeypatch, capsys):
+    from replax import experiments, spec
+
+    code = readme_quick_start()
+    assert "spec.parse(" in code and "trainer.train(" in code and "read_metrics(" in code
+    parse = spec.parse
+
+    def tiny_parse(config):
+        for key, value in TINY.items():
+            experiments.set_value(config, key, value)
+        return parse(config)
+
+    monkeypatch.setattr(spec, "parse", tiny_parse)
+    monkeypatch.chdir(ROOT)  # configs/arith.py, as in the repository root
+    workdir = str(tmp_path / "quickstart")
+    exec(compile(code.replace('"runs/quickstart"', repr(workdir)), "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("accuracy ") and " -> " in line for line in out), out
+    # The evaluation steps, read back from metrics.jsonl: step, accuracy, entropy.
+    assert [line.split()[0] for line in out if line[:1].isdigit()] == ["2", "4"], out
