@@ -45,6 +45,10 @@ setuptools.setup(
             "safetensors>=0.4",
             "jinja2>=3.1.6",
             "pyarrow>=14",
+            # libtpu: tests/test_tpu_compile.py compiles for a TPU topology on the CPU. The
+            # suite runs on the CPU (tests/conftest.py sets JAX_PLATFORMS=cpu); elsewhere
+            # this venv's `import jax` tries the TPU first (docs/tpu.md).
+            "jax[tpu]" + JAX_VERSIONS,
         ],
         "bench": ["flashbax>=0.1.3"],
         # Viewing a run's tensorboard/ (the run writes it through tensorboardX, installed

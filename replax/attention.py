@@ -9,15 +9,24 @@ Every kernel takes queries q [B, T, H, D] and keys / values heads-major, k, v [B
     backend has one), scores accumulated in float32;
   * 'splash': the Pallas TPU splash (flash) attention kernel, which never stores the
     [T, T] scores and skips the blocks above the causal diagonal. TPU only
-    (`check_attention_backend`); the decode step (a KV cache) uses 'dot_product'.
+    (`check_attention_backend`), for full forwards and the sampler's prefill; the decode
+    step (one token against a KV cache) uses 'dot_product'. A Mosaic kernel cannot be
+    partitioned by XLA, so on a mesh it runs under `shard_map`, each device on its own
+    rows and heads (`splash_attention`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from replax import sharding
 
 ATTENTION_KINDS = ("einsum", "dot_product", "splash")
 
@@ -27,11 +36,23 @@ MASK_VALUE = -1e30
 
 # Splash attention's tile: sequences are padded up to a multiple of it.
 SPLASH_BLOCK = 128
+# The kernel's block sizes, largest first: 512 is what the kernel's authors tune for on
+# v5e / v5p at head_dim 64-128; a padded length takes the largest that divides it.
+SPLASH_BLOCK_CHOICES = (512, 256, 128)
+
+
+def target_platform() -> str:
+    """The platform of the program being traced: that of the mesh in context (a TPU
+    topology's when a CPU host compiles ahead of time for it), else jax's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    return device.platform if device is not None else jax.default_backend()
 
 
 def check_attention_backend(config, backend: str) -> None:
     """Raises a one-line ValueError when `config.attention` cannot run on `backend`
-    (jax.default_backend(): 'cpu', 'gpu', 'tpu'). Call it before compiling."""
+    ('cpu', 'gpu', 'tpu': `target_platform()`, or the devices a run compiles for). Call it
+    before compiling."""
     if config.attention == "splash" and backend != "tpu":
         raise ValueError(
             f"model.attention='splash' needs a TPU (backend is {backend!r}): use "
@@ -114,15 +135,14 @@ def dot_product_attention(q, k, v, attn_mask):
     )
 
 
-def splash_attention(q, k, v, token_mask, *, interpret: bool = False):
-    """Causal self-attention of a full sequence through the Pallas splash kernel.
+def splash_block_size(padded_len: int) -> int:
+    """The kernel's block for a sequence padded to `padded_len` (a multiple of 128)."""
+    return next(b for b in SPLASH_BLOCK_CHOICES if padded_len % b == 0)
 
-    q [B, T, H, D], k / v [B, KV, T, D], token_mask [B, T] (True = a valid token). Valid
-    queries attend to the valid keys at or before them, as with the [B, T, T] mask of the
-    other kernels; a padding query attends to the padding keys before it (its output is
-    unused either way). T is padded to a multiple of SPLASH_BLOCK. interpret: run the
-    kernel in the Pallas interpreter (any backend, slowly; for tests).
-    """
+
+def _splash_local(q, k, v, token_mask, *, interpret: bool):
+    """The kernel on arrays a device holds whole: q [B, T, H, D], k / v [B, KV, T, D],
+    token_mask [B, T]."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel,
         splash_attention_mask,
@@ -141,7 +161,7 @@ def splash_attention(q, k, v, token_mask, *, interpret: bool = False):
     segments = jnp.pad(token_mask.astype(jnp.int32), ((0, 0), (0, pad)))  # [B, T']
 
     causal = splash_attention_mask.CausalMask((padded, padded))
-    block = min(SPLASH_BLOCK, padded)
+    block = splash_block_size(padded)
     sizes = splash_attention_kernel.BlockSizes(
         block_q=block,
         block_kv=block,
@@ -166,3 +186,53 @@ def splash_attention(q, k, v, token_mask, *, interpret: bool = False):
 
     out = jax.vmap(one_row)(q, k, v, segments)  # [B, H, T', D]
     return jnp.swapaxes(out[:, :, :t], 1, 2).astype(v.dtype)  # [B, T, H, D]
+
+
+def _mesh_axes(spec_entry) -> tuple[str, ...]:
+    if spec_entry is None:
+        return ()
+    return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
+
+
+def splash_specs(mesh, rules, num_heads: int, num_kv_heads: int):
+    """(q, kv, token mask) PartitionSpecs of the kernel's shard_map: rows over the mesh
+    axes of the `batch` rule, heads over those of `heads` when they also divide the kv
+    heads (a device then holds whole groups of query heads with their kv head), else
+    heads whole. Length and head_dim stay whole: the kernel needs every key of a row."""
+    batch = sharding.logical_to_spec(("batch",), rules)[0]
+    heads = _mesh_axes(sharding.logical_to_spec(("heads",), rules)[0])
+    size = int(np.prod([mesh.shape[a] for a in heads])) if heads else 1
+    if size == 1 or num_heads % size or num_kv_heads % size:
+        heads = ()
+    head_entry = None if not heads else (heads[0] if len(heads) == 1 else heads)
+    return P(batch, None, head_entry, None), P(batch, head_entry, None, None), P(batch, None)
+
+
+def splash_attention(q, k, v, token_mask, *, interpret: bool = False):
+    """Causal self-attention of a full sequence through the Pallas splash kernel.
+
+    q [B, T, H, D], k / v [B, KV, T, D], token_mask [B, T] (True = a valid token). Valid
+    queries attend to the valid keys at or before them, as with the [B, T, T] mask of the
+    other kernels; a padding query attends to the padding keys before it (its output is
+    unused either way). T is padded to a multiple of SPLASH_BLOCK. interpret: run the
+    kernel in the Pallas interpreter (any backend, slowly; for tests).
+
+    Under a mesh in context (`sharding.activation_rules`) the kernel runs in `shard_map`
+    over the mesh axes the logical-axis rules give rows and heads (`splash_specs`): a
+    Mosaic kernel cannot be partitioned automatically, and each row's attention needs
+    only its own row, each query head only its own kv head.
+    """
+    kernel = functools.partial(_splash_local, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return kernel(q, k, v, token_mask)
+    rules = nn.get_logical_axis_rules()
+    q_spec, kv_spec, mask_spec = splash_specs(mesh, rules, q.shape[2], k.shape[1])
+    return jax.shard_map(
+        kernel,
+        mesh=mesh,
+        in_specs=(q_spec, kv_spec, kv_spec, mask_spec),
+        out_specs=q_spec,
+        # The interpreter's and Mosaic's outputs carry no varying-axes annotation.
+        check_vma=False,
+    )(q, k, v, token_mask)

@@ -101,9 +101,8 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
     """The tokenizer, task and ModelConfig of a spec, checked with the rules that need
     them and the machine (the devices JAX sees, unless num_devices says)."""
     num_devices = jax.device_count() if num_devices is None else num_devices
-    train_devices, sampler_devices = validation.placement_devices(
-        spec, num_devices, jax.process_count()
-    )
+    # The device counts first: a run that cannot be placed fails before any file is read.
+    validation.placement_devices(spec, num_devices, jax.process_count())
     try:  # the library's checks, re-raised as one-line config errors
         tokenizer = make_tokenizer(spec.tokenizer, spec.model)
         task = make_task(spec.task, tokenizer)
@@ -115,20 +114,14 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
         lengths = {split: prompt_lengths(tokenizer, texts) for split, texts in prompts.items()}
         mcfg = model_config(spec.model)
         replay_lib.make_replay_buffer(**spec.replay.buffer_kwargs())
-        shards = validation.data_shards(spec, train_devices)
-        attention.check_attention_backend(mcfg, jax.default_backend())
     except TypeError as e:  # a task factory given keys it does not take
         raise ConfigError(task_keys_error(spec.task, e)) from None
     except (ValueError, OSError, ImportError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    sampler_shape = validation.sampler_mesh(spec, sampler_devices)
     validation.validate_vocab(mcfg, tokenizer)
     skipped = validation.long_prompts(spec, prompts, lengths)
     validation.validate_answers_fit(spec, task.max_answer_chars())
-    validation.validate_heads_split(spec, mcfg, sampler_shape, train_devices, sampler_devices)
-    validation.validate_microbatches(spec, shards)
-    validation.validate_rollout_batch(spec, sampler_shape, sampler_devices, jax.process_count())
-    validation.validate_data_shards(spec, shards)
+    check_machine(spec, mcfg, num_devices, jax.process_count(), jax.default_backend())
     return Built(
         model_config=mcfg,
         tokenizer=tokenizer,
@@ -136,6 +129,25 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
         skipped_prompts=skipped,
         split_sizes={split: len(texts) for split, texts in prompts.items()} if skipped else {},
     )
+
+
+def check_machine(
+    spec: RunSpec, mcfg: model_lib.ModelConfig, num_devices: int, processes: int, platform: str
+) -> None:
+    """The rules between a spec and the machine it runs on: num_devices devices over
+    `processes` processes of `platform` ('cpu', 'gpu', 'tpu'); `build` passes what JAX
+    sees, scripts/tpu_compile.py a TPU topology's."""
+    train_devices, sampler_devices = validation.placement_devices(spec, num_devices, processes)
+    try:
+        shards = validation.data_shards(spec, train_devices)
+        attention.check_attention_backend(mcfg, platform)
+    except ValueError as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    sampler_shape = validation.sampler_mesh(spec, sampler_devices)
+    validation.validate_heads_split(spec, mcfg, sampler_shape, train_devices, sampler_devices)
+    validation.validate_microbatches(spec, shards)
+    validation.validate_rollout_batch(spec, sampler_shape, sampler_devices, processes)
+    validation.validate_data_shards(spec, shards)
 
 
 def split_prompts(spec: RunSpec, task: Task) -> dict[str, list[str]]:

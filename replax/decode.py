@@ -118,6 +118,45 @@ def _prefill(
     return _constrain_cache(jax.tree_util.tree_map(per_row, cache), model.config)
 
 
+def _kv_mask(prompt_mask, max_new_tokens: int):
+    """bool[B, P + N - 1]: the valid cache slots. Completion slots are always valid keys:
+    the causal mask hides those not yet written."""
+    b = prompt_mask.shape[0]
+    return jnp.concatenate([prompt_mask, jnp.ones((b, max_new_tokens - 1), bool)], axis=1)
+
+
+def prefill_prompts(
+    params,
+    prompt_ids,
+    prompt_mask,
+    *,
+    model,
+    max_new_tokens: int,
+    cache_dtype,
+    num_samples: int,
+    data_shards: int,
+):
+    """The KV cache the decode loop starts from: its first segment's slots, with
+    [0, P - 1) holding the B left-padded prompts' keys and values, repeated for the
+    R = B x num_samples rows."""
+    b, p = prompt_ids.shape
+    first_length = p - 1 + _segment_ends(max_new_tokens)[0]  # cache slots of the first segment
+    if p == 1:  # nothing to prefill: the loop feeds the only prompt token
+        cache = model_lib.init_cache(model.config, b * num_samples, first_length, cache_dtype)
+        return _constrain_cache(cache, model.config)
+    return _prefill(
+        {"params": params},
+        prompt_ids,
+        model_lib.positions_from_mask(prompt_mask),
+        _kv_mask(prompt_mask, max_new_tokens)[:, :first_length],
+        model=model,
+        cache_len=first_length,
+        cache_dtype=cache_dtype,
+        num_samples=num_samples,
+        data_shards=data_shards,
+    )
+
+
 def decode(
     params,
     prompt_ids,
@@ -145,26 +184,19 @@ def decode(
     n = max_new_tokens
     variables = {"params": params}
     prompt_positions = model_lib.positions_from_mask(prompt_mask)  # [B, P]
-    # Completion slots are always valid keys: the causal mask hides those not yet written.
-    kv_mask = jnp.concatenate([prompt_mask, jnp.ones((b, n - 1), bool)], axis=1)  # [B, S]
-    first_length = p - 1 + _segment_ends(n)[0]  # cache slots of the first segment
+    kv_mask = _kv_mask(prompt_mask, n)  # [B, S]
 
     # PREFILL slots [0, P - 1) once per prompt, then broadcast to the R rows.
-    if p > 1:
-        cache = _prefill(
-            variables,
-            prompt_ids,
-            prompt_positions,
-            kv_mask[:, :first_length],
-            model=model,
-            cache_len=first_length,
-            cache_dtype=cache_dtype,
-            num_samples=num_samples,
-            data_shards=data_shards,
-        )
-    else:
-        cache = model_lib.init_cache(model.config, rows, first_length, cache_dtype)
-        cache = _constrain_cache(cache, model.config)
+    cache = prefill_prompts(
+        params,
+        prompt_ids,
+        prompt_mask,
+        model=model,
+        max_new_tokens=n,
+        cache_dtype=cache_dtype,
+        num_samples=num_samples,
+        data_shards=data_shards,
+    )
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # [B, ...] -> [R, ...]
     kv_mask, last_positions = repeat(kv_mask), repeat(prompt_positions[:, -1])
 

@@ -40,6 +40,20 @@ def pass_at_k(num_samples: int, num_correct: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def make_samplers(model_config, tokenizer, **kwargs):
+    """(greedy, temperature-1) samplers of held-out evaluation: greedy pass@1 and the
+    pass@k / entropy samples. kwargs: `sampler.make_sampler`'s lengths, mesh, rules and
+    numerics."""
+    common = dict(
+        stop_ids=tokenizer.stop_ids,
+        vocab_size=tokenizer.sample_limit,
+        pad_id=tokenizer.pad_id,
+        **kwargs,
+    )
+    greedy = sampler_lib.make_sampler(model_config, temperature=0.0, **common)
+    return greedy, sampler_lib.make_sampler(model_config, temperature=1.0, **common)
+
+
 class Evaluator:
     def __init__(
         self,
@@ -71,19 +85,16 @@ class Evaluator:
         self.mesh, self.rules = mesh, sharding.validate_rules(rules or sharding.DEFAULT_RULES)
         self.pass_k_prompts = min(pass_k_prompts, len(self.examples))
         self.num_samples = num_samples
-        common = dict(
+        self.greedy, self.sample = make_samplers(
+            model_config,
+            tokenizer,
             max_prompt_len=max_prompt_len,
             max_new_tokens=max_new_tokens,
-            stop_ids=tokenizer.stop_ids,
-            vocab_size=tokenizer.sample_limit,
-            pad_id=tokenizer.pad_id,
             mesh=mesh,
             rules=rules,
             dtype=dtype,
             cache_dtype=cache_dtype,
         )
-        self.greedy = sampler_lib.make_sampler(model_config, temperature=0.0, **common)
-        self.sample = sampler_lib.make_sampler(model_config, temperature=1.0, **common)
 
     def accuracy(self, params, rng) -> float:
         return float(self._greedy(params, rng)[0].mean())

@@ -103,7 +103,8 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
         # x: [B, T, E]; positions: [B, T]; attn_mask: [B, T, S] (True = may attend), or
-        # for a 'splash' full forward the token mask [B, T] (the kernel is causal itself).
+        # for 'splash' the token mask [B, T] of a causal self-attention over this call's
+        # tokens (a full forward, or a prefill from cache slot 0; the kernel is causal).
         cfg = self.config
         h, kv, d, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
         init = nn.initializers.normal(stddev=e**-0.5)
@@ -139,6 +140,7 @@ class Attention(nn.Module):
         # cache in place (a [B, S, KV, D] cache would be transposed on every step).
         k = jnp.swapaxes(k, 1, 2)
         v = jnp.swapaxes(v, 1, 2)
+        fresh_k, fresh_v = k, v  # [B, KV, T, D]: this call's keys and values
 
         new_cache = None
         if layer_cache is not None:
@@ -153,14 +155,15 @@ class Attention(nn.Module):
             new_cache = {"k": k, "v": v}
             k, v = k.astype(dt), v.astype(dt)
 
-        if cfg.attention == "einsum":
+        if attn_mask.ndim == 2:  # 'splash': causal over this call's own tokens
+            # Off a TPU (a run's checks refuse it there; shapes traced without a mesh, a
+            # test) the kernel runs in the Pallas interpreter.
+            interpret = attention.target_platform() != "tpu"
+            out = attention.splash_attention(q, fresh_k, fresh_v, attn_mask, interpret=interpret)
+        elif cfg.attention == "einsum":
             out = attention.einsum_attention(q, k, v, attn_mask)  # [B, T, H, D]
-        elif cfg.attention == "dot_product" or layer_cache is not None:
-            out = attention.dot_product_attention(q, k, v, attn_mask)
         else:
-            backend = jax.default_backend()
-            attention.check_attention_backend(cfg, backend)
-            out = attention.splash_attention(q, k, v, attn_mask, interpret=backend != "tpu")
+            out = attention.dot_product_attention(q, k, v, attn_mask)
         out = dense(out, wo.astype(dt), in_dims=2)  # [B, T, E]
         return out, new_cache
 
@@ -276,6 +279,10 @@ class Transformer(nn.Module):
             else:
                 causal = jnp.tril(jnp.ones((t, t), dtype=bool))
                 attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+        elif cfg.attention == "splash" and isinstance(cache_index, int) and cache_index == 0:
+            # A prefill: the cache holds nothing before slot 0, so attending over it is
+            # the causal self-attention of the T prompt tokens, which the kernel does.
+            attn_mask = kv_mask[:, :t]  # [B, T]
         else:
             s = jax.tree_util.tree_leaves(cache)[0].shape[-2]
             query_slot = cache_index + jnp.arange(t)  # [T]

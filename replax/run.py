@@ -91,11 +91,19 @@ def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
     its data file, once, in the checks). On a multi-process launch it first joins the
     other processes (jax.distributed)."""
     sharding.maybe_initialize_distributed()
-    built = cfg.build(spec)
+    return assemble(spec, workdir, cfg.build(spec))
+
+
+def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=None) -> Run:
+    """The run's meshes, model, sampler, replay store and jitted steps over `devices`
+    (default: every device JAX sees), from the build step's model config, tokenizer and
+    task. scripts/tpu_compile.py passes a TPU topology's devices to compile the same
+    programs ahead of time on a host without one."""
+    devices = list(jax.devices() if devices is None else devices)
     rules = sharding.validate_rules(spec.mesh.rules)
     # Disjoint placement: the sampler takes devices of its own, the trainer the rest.
-    sampler_devices = placement.sampler_device_count(spec, jax.device_count())
-    train_devices, rollout_devices = placement.split_devices(sampler_devices)
+    sampler_devices = placement.sampler_device_count(spec, len(devices))
+    train_devices, rollout_devices = placement.split_devices(sampler_devices, devices)
     if not sampler_devices:
         rollout_devices = train_devices
     mesh = sharding.make_mesh(spec.mesh.shape, devices=train_devices)
@@ -199,7 +207,7 @@ def prepare_data(run: Run) -> Data:
             f"rollout.prompts_per_step={c.rollout.prompts_per_step} and eval.num_prompts="
             f"{c.eval.num_prompts} need at least as many"
         )
-    rows_mesh = run.mesh if rollouts.process_local(run.sampler) else run.sampler.mesh
+    rows_mesh = eval_mesh(run)
     prompts = data_lib.prompt_dataset(
         train,
         run.tokenizer,
@@ -231,6 +239,13 @@ def prepare_data(run: Run) -> Data:
         split: (len(rows), run.split_sizes[split]) for split, rows in run.skipped_prompts.items()
     }
     return Data(prompts=prompts, evaluator=evaluator, skipped_prompts=skipped)
+
+
+def eval_mesh(run: Run):
+    """The mesh whose rows the prompt stream and held-out evaluation are split over: the
+    sampler's, or with a sampler of this process's devices alone (disjoint, several
+    processes), the trainer's."""
+    return run.mesh if rollouts.process_local(run.sampler) else run.sampler.mesh
 
 
 class _Kept:

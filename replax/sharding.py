@@ -321,6 +321,35 @@ def global_from_whole(whole, sharding: jax.sharding.Sharding):
     return whole if jax.process_count() == 1 else jax.device_put(whole, sharding)
 
 
+def _process_blocks(leaves, mesh: Mesh) -> dict[int, np.ndarray]:
+    """process -> its source devices of `leaves`, laid out as copies of `mesh`."""
+    source = sorted(leaves[0].sharding.device_set, key=lambda d: (d.process_index, d.id))
+    by_process: dict[int, list] = {}
+    for d in source:
+        by_process.setdefault(d.process_index, []).append(d)
+    own = by_process[jax.process_index()]
+    if len(own) % mesh.devices.size:
+        raise ValueError(
+            f"{len(own)} source devices on this process do not split into copies of the "
+            f"{mesh.devices.size}-device mesh {dict(mesh.shape)}"
+        )
+    copies = len(own) // mesh.devices.size
+    return {
+        p: np.asarray(ds).reshape((copies, *mesh.devices.shape)) for p, ds in by_process.items()
+    }
+
+
+def process_copy_stage(leaves, targets):
+    """The first step of `copy_to_process_mesh`, jitted (not yet compiled): the reshard
+    of `leaves` (arrays, or ShapeDtypeStructs with shardings) over their devices into the
+    targets' layout on a mirror mesh, one copy of it per process."""
+    mesh = targets[0].mesh
+    blocks = _process_blocks(leaves, mesh)
+    mirror = Mesh(np.concatenate(list(blocks.values())), ("copies", *mesh.axis_names))
+    staged = [NamedSharding(mirror, t.spec) for t in targets]
+    return jax.jit(lambda xs: xs, out_shardings=staged)
+
+
 def copy_to_process_mesh(leaves, targets, stage_cache: dict) -> list:
     """Global arrays `leaves` (over devices of every process) on `targets`, NamedShardings
     of a mesh of this process's devices alone, with several processes.
@@ -333,25 +362,10 @@ def copy_to_process_mesh(leaves, targets, stage_cache: dict) -> list:
     within the process. Each process must hold a multiple of the target's devices.
     stage_cache keeps the compiled reshard per target tree."""
     mesh = targets[0].mesh
-    source = sorted(leaves[0].sharding.device_set, key=lambda d: (d.process_index, d.id))
-    by_process: dict[int, list] = {}
-    for d in source:
-        by_process.setdefault(d.process_index, []).append(d)
-    own = by_process[jax.process_index()]
-    if len(own) % mesh.devices.size:
-        raise ValueError(
-            f"{len(own)} source devices on this process do not split into copies of the "
-            f"{mesh.devices.size}-device mesh {dict(mesh.shape)}"
-        )
-    copies = len(own) // mesh.devices.size
-    blocks = {
-        p: np.asarray(ds).reshape((copies, *mesh.devices.shape)) for p, ds in by_process.items()
-    }
+    blocks = _process_blocks(leaves, mesh)
     key = tuple((t.spec, t.mesh.shape_tuple) for t in targets)
     if key not in stage_cache:
-        mirror = Mesh(np.concatenate(list(blocks.values())), ("copies", *mesh.axis_names))
-        staged = [NamedSharding(mirror, t.spec) for t in targets]
-        stage_cache[key] = jax.jit(lambda xs: xs, out_shardings=staged)
+        stage_cache[key] = process_copy_stage(leaves, targets)
     staged = stage_cache[key](leaves)
     here = blocks[jax.process_index()][0]  # the source device of each target position
     positions = list(np.ndindex(mesh.devices.shape))
