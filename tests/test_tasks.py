@@ -326,6 +326,16 @@ def test_malformed_math_and_missing_files(tmp_path):
         math_data.read_gsm8k(tmp_path / "bad.parquet")
 
 
+def test_a_missing_data_file_names_task_data_path(tmp_path):
+    missing = str(tmp_path / "nope.jsonl")
+    task = make_task("gsm8k", data_path=missing, prompt_format="plain")
+    with pytest.raises(ValueError) as info:
+        task.examples("train", 1)
+    message = str(info.value)
+    assert message.startswith(f"task.data_path={missing!r}: no such file or directory"), message
+    assert "\n" not in message
+
+
 # ---------------------------------------------------------------------------------------
 # MathTask: splits, prompt formats, rewards.
 

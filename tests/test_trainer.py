@@ -170,6 +170,9 @@ def test_resume_continues_exactly(full_run, tmp_path):
         ("--config.no_such_key=1", "no_such_key"),
         ("--config.rollout.group_sise=4", "rollout.group_sise (did you mean rollout.group_size?)"),
         ("--config.task.name=no_such_module:make_task", "task.name"),
+        # 20 rows do not split over the 8 data shards: the batch size is named, not the
+        # microbatches.
+        ("--config.train.batch_size=20", "train.batch_size=20: it must split over the 8 data"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, override, key):
@@ -272,6 +275,49 @@ def test_evaluate_script_takes_a_sealed_step_and_names_them_for_another(full_run
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
         assert lines[0].startswith(f"error: {message}"), lines
+
+
+def test_evaluate_script_bad_input_says_what_it_looked_for(tmp_path):
+    """A workdir that does not exist is named as such (not as a run's config), and a
+    --checkpoint without a tokenizer.json under the default config names the file it
+    looked for and the flags to give."""
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    missing = tmp_path / "no_run"
+    for args, message in [
+        (
+            [f"--workdir={missing}", "--config=configs/arith.py"],
+            f"--workdir={missing} does not exist: give the workdir of a run",
+        ),
+        ([f"--workdir={missing}"], f"--workdir={missing} does not exist"),
+        (
+            [f"--checkpoint={hf_dir}"],
+            f"--checkpoint={hf_dir} has no tokenizer.json, and --config=configs/gsm8k.py (the "
+            f"default) reads the tokenizer from it ({hf_dir}/tokenizer.json): give "
+            "--config=configs/NAME.py",
+        ),
+    ]:
+        proc = evaluate(*args)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0].startswith(f"error: {message}"), lines
+    assert not missing.exists() and os.listdir(hf_dir) == []
+
+
+def test_disjoint_placement_on_one_device_exits_2(tmp_path):
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        "--config.rollout.placement=disjoint",
+        "--config.train.max_steps_per_generation=1",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "rollout.placement='disjoint' needs at least 2 devices" in lines[0], lines
+    assert "this machine has 1" in lines[0], lines
+    assert not workdir.exists()
 
 
 def test_evaluate_script_on_a_hugging_face_directory(full_run, tmp_path):
