@@ -216,6 +216,22 @@ def test_a_users_task_trains_on_the_shipped_config_with_one_flag(tmp_path):
     assert dataset.startswith("reverse3_")
 
 
+def test_a_users_task_by_file_path_trains_without_pythonpath(tmp_path):
+    """`--config.task.name=tests/user_task.py:make_task`, as the README says, from the
+    repository root with nothing on PYTHONPATH but replax."""
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        "--config.task.name=tests/user_task.py:make_task",
+        "--config.total_steps=2",
+        "--config.checkpoint_every=2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in read(str(workdir))] == [1, 2]
+    (dataset,) = os.listdir(workdir / "data" / "replax_task")
+    assert dataset.startswith("reverse3_")
+
+
 def test_a_changed_key_of_the_shipped_task_is_refused_for_a_users_task(tmp_path):
     workdir = tmp_path / "run"
     proc = run_train(
