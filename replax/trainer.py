@@ -77,7 +77,8 @@ def train(
             prompt_iter = iter(data.prompts)
             states = restore(run, checkpointer, prompt_iter, log, warn)
             if states is None:  # a new run (or none of its checkpoints was readable)
-                states = (*init_states(run, initial_params(run, data, log)), new_loop_state(run))
+                params = initial_params(run, data, log, stop)
+                states = (*init_states(run, params), new_loop_state(run))
             for line in progress.banner(run, states[0]):
                 log(line)
             summary = run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
