@@ -360,3 +360,76 @@ def test_evaluate_script_on_a_hugging_face_directory(full_run, tmp_path):
     assert result["eval_accuracy"] == read(workdir)[-1]["eval_accuracy"]
     with open(out / "eval.json") as f:
         assert json.load(f) == result
+
+
+def write_jsonl_task(folder):
+    """200 addition records and a reward file that raises on odd-length completions."""
+    data = folder / "data.jsonl"
+    with open(data, "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n")
+    reward = folder / "my_reward.py"
+    reward.write_text(
+        "def reward(prompt, completion, answer):\n"
+        "    if len(completion) % 2:\n"
+        "        raise ValueError('odd')\n"
+        "    assert prompt.endswith('=')\n"
+        "    return float(completion.strip() == answer)\n"
+    )
+    return str(data), str(reward)
+
+
+JSONL = [
+    "--config.task.num_train=0",
+    "--config.task.num_test=0",
+    "--config.task.test_fraction=0.25",
+]
+
+
+def test_a_jsonl_task_with_a_reward_file_trains_and_counts_reward_errors(tmp_path):
+    data, reward = write_jsonl_task(tmp_path)
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        *JSONL,
+        f"--config.task.data_path={data}",
+        f"--config.task.reward={reward}:reward",
+        "--config.total_steps=2",
+        "--config.checkpoint_every=2",
+        config="configs/jsonl.py",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read(str(workdir))
+    assert [r["step"] for r in records] == [1, 2]
+    # 8 random completions a step, about half of odd length: errors scored 0, counted.
+    errors = [r["reward_errors"] for r in records]
+    assert 0 < errors[0] <= errors[1] <= 16, errors
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--config.task.data_path=/no/such.jsonl"], "task.data_path='/no/such.jsonl': no such"),
+        (["--config.task.reward=no_colon"], "task.reward='no_colon': allowed are"),
+        (["--config.task.reward={reward}:nothing"], "task.reward='{reward}:nothing': "),
+        (["--config.task.data_path={bad}"], "task.data_path='{bad}': line 1 has no 'answer'"),
+    ],
+)
+def test_a_jsonl_task_with_bad_settings_exits_2(tmp_path, flags, message):
+    data, reward = write_jsonl_task(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1="}\n')
+    workdir = tmp_path / "run"
+    fill = {"reward": reward, "bad": bad}
+    proc = run_train(
+        str(workdir),
+        *JSONL,
+        f"--config.task.data_path={data}",
+        *[f.format(**fill) for f in flags],
+        config="configs/jsonl.py",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message.format(**fill) in lines[0], lines
+    assert not workdir.exists()

@@ -92,6 +92,12 @@ class Task(abc.ABC):
     def reward(self, completion: str, answer: str) -> float:
         """1.0 if `completion` states `answer`, else 0.0. Never raises."""
 
+    def score(self, prompt: str, completion: str, answer: str) -> float:
+        """The reward of `completion` to `prompt`: `reward(completion, answer)` unless the
+        task's reward reads the prompt too (a reward function by config, task.reward)."""
+        del prompt
+        return self.reward(completion, answer)
+
     def demonstration(self, example: Example) -> str:
         """Prompt followed by the target completion, for supervised warm-start.
 
@@ -200,7 +206,7 @@ def _register_builtin() -> None:
     if _BUILTIN_REGISTERED:
         return
     _BUILTIN_REGISTERED.append(True)
-    from replax.tasks import arith, math, word_problems
+    from replax.tasks import arith, jsonl, math, word_problems
 
     builtin = {
         "arith": arith.make_arith_task,
@@ -209,6 +215,7 @@ def _register_builtin() -> None:
         "gsm8k": lambda **kw: math.MathTask(name="gsm8k", **kw),
         "math": lambda **kw: math.MathTask(name="math", **kw),
         "word_problems": word_problems.WordProblemTask,
+        "jsonl": jsonl.JsonlTask,
     }
     for name, factory in builtin.items():
         _REGISTRY.setdefault(name, factory)  # a user's registration wins
