@@ -127,6 +127,14 @@ def _cases(tmp):
     gguf = os.path.join(tmp, "model.gguf")
     with open(gguf, "wb") as f:
         f.write(b"GGUF" + bytes(28))
+    records = os.path.join(tmp, "records.jsonl")
+    with open(records, "w") as f:
+        f.writelines(
+            json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(200)
+        )
+    reward_file = os.path.join(tmp, "my_reward.py")
+    with open(reward_file, "w") as f:
+        f.write("LIMIT = 3\n")
     no_tokenizer = os.path.join(tmp, "hf_without_tokenizer")
     os.makedirs(no_tokenizer)
     cases += [
@@ -206,6 +214,25 @@ def _cases(tmp):
                 "--config.task.prompt_format=plain",
                 f"--config.task.data_path={os.path.join(tmp, 'no_such.jsonl')}",
                 config="configs/gsm8k.py",
+            ),
+            [fresh],
+        ),
+        (
+            "configs/jsonl.py --config.task.data_path of no file",
+            _train(
+                fresh,
+                f"--config.task.data_path={os.path.join(tmp, 'no.jsonl')}",
+                config="configs/jsonl.py",
+            ),
+            [fresh],
+        ),
+        (
+            "configs/jsonl.py --config.task.reward=FILE.py:FN of no function",
+            _train(
+                fresh,
+                f"--config.task.data_path={records}",
+                f"--config.task.reward={reward_file}:nothing",
+                config="configs/jsonl.py",
             ),
             [fresh],
         ),
