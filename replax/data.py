@@ -175,6 +175,7 @@ def prompt_dataset(
       prompt_ids   int32[B, P]  BOS + prompt tokens, left-padded with pad_id
       prompt_mask  bool[B, P]   True on real tokens
       answer       str[B]       reference answers (numpy unicode)
+      prompt_text  str[B]       the prompts as text (numpy unicode)
       index        int64[B]     record index in `source`
     With shuffle, each epoch is a fresh permutation determined by `seed`.
     block=(i, n): each batch is the i-th of n equal blocks of rows of the global batch of
@@ -198,6 +199,8 @@ def prompt_dataset(
             "prompt_ids": ids[0],  # [P]
             "prompt_mask": mask[0],  # [P]
             "answer": np.asarray(_text(record["answer"])),
+            # The prompt as text: a reward function by config (task.reward) takes it.
+            "prompt_text": np.asarray(_text(record["prompt"])),
             # Beyond the first epoch grain passes the global position.
             "index": np.int64(index % num_records),
         }

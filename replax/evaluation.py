@@ -17,14 +17,25 @@ from replax import tokenizer as tokenizer_lib
 from replax.tasks import Example, Task
 
 
-def score(task: Task, tokenizer, completion_ids: np.ndarray, answers: Sequence[str]):
-    """Rewards of completions [B, N] against answers; a reward function that raises
-    scores 0 and is counted. Returns (rewards float32[B], number of reward errors)."""
+def score(
+    task: Task,
+    tokenizer,
+    completion_ids: np.ndarray,
+    answers: Sequence[str],
+    prompts: Sequence[str] | None = None,
+):
+    """Rewards of completions [B, N] against answers (with their prompts, when given, for
+    `Task.score`); a reward function that raises scores 0 and is counted. Returns (rewards
+    float32[B], number of reward errors)."""
     rewards = np.zeros(len(answers), np.float32)
     errors = 0
     for i, (ids, answer) in enumerate(zip(completion_ids, answers)):
         try:
-            rewards[i] = float(task.reward(tokenizer_lib.decode_completion(tokenizer, ids), answer))
+            completion = tokenizer_lib.decode_completion(tokenizer, ids)
+            if prompts is None:
+                rewards[i] = float(task.reward(completion, answer))
+            else:
+                rewards[i] = float(task.score(str(prompts[i]), completion, str(answer)))
         except Exception:  # noqa: BLE001 - a reward bug must not crash a run.
             errors += 1
     return rewards, errors
@@ -78,6 +89,7 @@ class Evaluator:
         self.tokenizer = tokenizer
         self.examples = list(examples)
         self.answers = [e.answer for e in self.examples]
+        self.prompts = np.asarray([e.prompt for e in self.examples], dtype=object)
         self.prompt_ids, self.prompt_mask = tokenizer_lib.encode_prompts(
             tokenizer, [e.prompt for e in self.examples], max_prompt_len
         )
@@ -114,7 +126,7 @@ class Evaluator:
             ids, mask = self.prompt_ids[:p], self.prompt_mask[:p]
             out = self.sample.generate(params, ids, mask, rng, num_samples=k)
             answers = np.repeat(np.asarray(self.answers[:p], dtype=object), k)
-            rewards = self._rewards(out, answers)[0]
+            rewards = self._rewards(out, answers, np.repeat(self.prompts[:p], k))[0]
             correct = rewards.reshape(p, k).sum(axis=1)
             metrics[f"eval_pass_at_{k}"] = float(pass_at_k(k, correct, k).mean())
             metrics["eval_pass_at_k"] = metrics[f"eval_pass_at_{k}"]
@@ -128,7 +140,7 @@ class Evaluator:
         """(rewards float32[prompts], this process's rows of the greedy completions
         int32[rows, T] on the host, the index of the first of those rows)."""
         out = self.greedy.generate(params, self.prompt_ids, self.prompt_mask, rng)
-        return self._rewards(out, self.answers)
+        return self._rewards(out, self.answers, self.prompts)
 
     def _samples(self, rewards, tokens, first: int) -> list[dict]:
         """The completions already scored, as text: nothing is generated again."""
@@ -146,16 +158,16 @@ class Evaluator:
             )
         return samples
 
-    def _rewards(self, out: sampler_lib.SampleOutput, answers):
+    def _rewards(self, out: sampler_lib.SampleOutput, answers, prompts):
         """(rewards of all rows of a sampler output, this process's rows of out.tokens on
         the host, the first of them): each process scores the completions its devices
         hold, and every process gets all the rewards."""
         if self.mesh is None or jax.process_count() == 1:
             tokens = np.asarray(out.tokens)
-            return score(self.task, self.tokenizer, tokens, answers)[0], tokens, 0
+            return score(self.task, self.tokenizer, tokens, answers, prompts)[0], tokens, 0
         tokens = sharding.local_rows(out.tokens)
         rows = sharding.named(self.mesh, ("batch",), self.rules)
         mine = sharding.process_rows(rows, out.lengths.shape)
-        local = score(self.task, self.tokenizer, tokens, answers[mine])[0]
+        local = score(self.task, self.tokenizer, tokens, answers[mine], prompts[mine])[0]
         rewards = sharding.to_host(sharding.global_batch(local, rows, len(answers)))
         return rewards, tokens, mine.start

@@ -208,8 +208,10 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
         row_block=block,
     )
     answers = np.repeat(prompts["answer"], group_size)
+    texts = prompts.get("prompt_text")
+    texts = None if texts is None else np.repeat(texts, group_size)
     tokens = sharding.local_rows(out.tokens)  # [rows of this process, T]
-    rewards, errors = evaluation.score(task, tokenizer, tokens, answers)
+    rewards, errors = evaluation.score(task, tokenizer, tokens, answers, texts)
     cut = truncated_rows(tokens, sharding.local_rows(out.lengths), sampler.stop_ids)
     return Scored(
         np.asarray(prompt_ids),

@@ -276,7 +276,7 @@ def _kept(run: Run, split: str, source):
     return _Kept(source, skipped)
 
 
-def _warm_start(run: Run, data: Data, log):
+def _warm_start(run: Run, data: Data, log, stop=None):
     c = run.spec
     # What the base depends on (not where it or the data are stored).
     key = warmstart_lib.cache_key(
@@ -307,6 +307,7 @@ def _warm_start(run: Run, data: Data, log):
         key=key,
         log=log,
         skip_long_prompts=c.task.long_prompts == "skip",
+        stop=stop,
     )
     log(
         f"warm start: base accuracy {info['base_accuracy']:.3f} after {info['sft_steps']} SFT steps"
@@ -314,11 +315,11 @@ def _warm_start(run: Run, data: Data, log):
     return params
 
 
-def _from_checkpoint(run: Run, data: Data, log):
+def _from_checkpoint(run: Run, data: Data, log, stop=None):
     """The Hugging Face checkpoint's weights, each read straight into its sharding."""
     from replax import hf
 
-    del data
+    del data, stop
     model = run.spec.model
     _, params = hf.load_pretrained_sharded(
         model.checkpoint, run.mesh, run.rules, **model.checkpoint_overrides()
@@ -329,16 +330,17 @@ def _from_checkpoint(run: Run, data: Data, log):
 
 # model.init -> the starting parameters (None: a random init from the run's seed).
 INITIAL_PARAMS = {
-    "random": lambda run, data, log: None,
+    "random": lambda run, data, log, stop=None: None,
     "warmstart": _warm_start,
     "checkpoint": _from_checkpoint,
 }
 assert set(INITIAL_PARAMS) == set(sections.INITS)
 
 
-def initial_params(run: Run, data: Data, log=print):
-    """The policy RL starts from, as `model.init` says."""
-    return INITIAL_PARAMS[run.spec.model.init](run, data, log)
+def initial_params(run: Run, data: Data, log=print, stop=None):
+    """The policy RL starts from, as `model.init` says. `stop` (a runtime.StopRequest)
+    ends a warm start between its SFT steps with runtime.Preempted."""
+    return INITIAL_PARAMS[run.spec.model.init](run, data, log, stop)
 
 
 def abstract_states(run: Run):

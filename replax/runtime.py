@@ -10,7 +10,8 @@
   the keys. Settings of how long and how often (total_steps, eval, logging) may change.
 - `StopRequest`: SIGTERM and SIGINT ask the loop to stop after the current step; the
   loop writes a checkpoint and exits with status `EXIT_PREEMPTED`. A second signal
-  stops at once.
+  stops at once. The warm start polls it between SFT steps and stops the same way,
+  caching nothing.
 """
 
 from __future__ import annotations
@@ -223,9 +224,10 @@ class StopRequest:
 class Preempted(Exception):
     """The run stopped on a signal after writing the checkpoint of `step`."""
 
-    def __init__(self, signal_name: str, step: int):
+    def __init__(self, signal_name: str, step: int, message: str | None = None):
         super().__init__(
-            f"stopped by {signal_name} after step {step}, checkpoint written: run the same "
+            message
+            or f"stopped by {signal_name} after step {step}, checkpoint written: run the same "
             "command to continue"
         )
         self.step = step

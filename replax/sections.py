@@ -74,6 +74,12 @@ class ModelSection:
         )
         if self.checkpoint:
             require(
+                not _is_gguf(self.checkpoint),
+                f"model.checkpoint={self.checkpoint!r} is a GGUF file: convert it to a Hugging "
+                "Face directory first (python scripts/gguf_to_hf.py --gguf=FILE --out=DIR) "
+                "and give that directory",
+            )
+            require(
                 os.path.isdir(self.checkpoint),
                 f"model.checkpoint={self.checkpoint!r}: no such directory",
             )
@@ -142,6 +148,17 @@ class MeshSection:
             tuple((n, tuple(a) if isinstance(a, list) else a) for n, a in self.rules),
         )
         library_check(lambda: sharding.validate_rules(self.rules))
+
+
+def _is_gguf(path: str) -> bool:
+    """A llama.cpp GGUF file: by its magic bytes (or its name, when unreadable)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return path.lower().endswith(".gguf")
 
 
 @dataclasses.dataclass(frozen=True)

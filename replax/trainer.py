@@ -77,7 +77,8 @@ def train(
             prompt_iter = iter(data.prompts)
             states = restore(run, checkpointer, prompt_iter, log, warn)
             if states is None:  # a new run (or none of its checkpoints was readable)
-                states = (*init_states(run, initial_params(run, data, log)), new_loop_state(run))
+                params = initial_params(run, data, log, stop)
+                states = (*init_states(run, params), new_loop_state(run))
             for line in progress.banner(run, states[0]):
                 log(line)
             summary = run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
@@ -99,6 +100,8 @@ class LoopState:
     schedule: schedules.Schedule
     # Steps whose loss, gradient or update was not finite: they changed nothing.
     skipped_steps: int = 0
+    # Completions whose reward function raised (each scored 0), since the run began.
+    reward_errors: int = 0
     # Disjoint placement: the generation in flight at the checkpoint, finished into it
     # (replax.placement.DisjointRollouts.pending_state), until the loop takes it back.
     pending: dict[str, Any] | None = None
@@ -111,6 +114,7 @@ class LoopState:
             "wall_s": wall_s,
             "auto_replay": self.schedule.state_dict(),
             "skipped_steps": self.skipped_steps,
+            "reward_errors": self.reward_errors,
         }
 
 
@@ -136,6 +140,7 @@ def restore(run: Run, checkpointer, prompt_iter, log=print, warn=print):
     loop.base_accuracy = saved["base_accuracy"]
     loop.account = metrics_lib.ComputeAccount(**saved["account"])
     loop.skipped_steps = saved.get("skipped_steps", 0)
+    loop.reward_errors = saved.get("reward_errors", 0)
     if saved.get("pending"):
         loop.pending = {**saved["pending"], "arrays": saved["pending_arrays"]}
     log(f"resumed from step {loop.step}")
@@ -226,6 +231,7 @@ def run_loop(
         step_metrics, stats = jax.device_get((step_metrics, stats))
         train_s = time.time() - t1
         loop.skipped_steps += int(step_metrics.pop("skipped"))
+        loop.reward_errors += int(fresh.reward_errors or 0)
         # ACCOUNTING AND METRICS
         record = _step_record(
             run, loop, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
@@ -316,7 +322,8 @@ def _step_record(
         "mu_measured": account.mu_measured(),
         # A step that generates nothing has no reward (nor completions) to report.
         "reward_mean": fresh.reward_mean,
-        "reward_errors": fresh.reward_errors,
+        # Cumulative, as skipped_steps.
+        "reward_errors": loop.reward_errors,
         **fresh.diagnostics,
         "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
         "skipped_steps": loop.skipped_steps,

@@ -127,6 +127,11 @@ def placement_devices(spec: RunSpec, num_devices: int, processes: int) -> tuple[
         return num_devices, num_devices
     n = r.num_devices or num_devices // 2
     require(
+        num_devices >= 2,
+        f"rollout.placement='disjoint' needs at least 2 devices (one for the sampler, one "
+        f"for the trainer) and this machine has {num_devices}: use 'colocated'",
+    )
+    require(
         1 <= n < num_devices,
         f"rollout.num_devices={r.num_devices} of {num_devices} devices: allowed is "
         f"1 <= num_devices <= {num_devices - 1} (the trainer keeps the rest; 0: half)",
@@ -276,6 +281,12 @@ def validate_microbatches(spec: RunSpec, shards: int) -> None:
     auto = spec.replay.mode == "auto"
     split = b // 2 if auto else b
     what = "half of train.batch_size" if auto else "train.batch_size"
+    # The batch itself must split over the data shards, whatever the microbatches.
+    require(
+        split % shards == 0,
+        f"train.batch_size={b}: {'half of it' if auto else 'it'} must split over the "
+        f"{shards} data-parallel shards: use a multiple of {shards * (2 if auto else 1)}",
+    )
     require(
         split % micro == 0 and (split // micro) % shards == 0,
         f"train.num_microbatches={micro}: must divide {what}={split} into microbatches "

@@ -25,7 +25,7 @@ from etils import epath
 
 from replax import logprobs as logprobs_lib
 from replax import model as model_lib
-from replax import sharding
+from replax import runtime, sharding
 from replax import tokenizer as tokenizer_lib
 from replax import train_step as train_step_lib
 
@@ -116,8 +116,13 @@ def warm_start(
     key: str,
     log=print,
     skip_long_prompts: bool = False,
+    stop=None,
 ):
-    """Returns (params, info) with info = {'base_accuracy', 'sft_steps', 'cached', ...}.
+    """Returns (params, info) with info = {'base_accuracy', 'sft_steps', 'cached', ...};
+    `log` gets a warning line when the base ends outside [min_accuracy, max_accuracy].
+
+    stop (a runtime.StopRequest): polled between SFT steps; once requested (on any
+    process), raises runtime.Preempted, caching nothing.
 
     skip_long_prompts (task.long_prompts='skip'): demonstrations whose prompt is longer
     than max_prompt_len are left out of the pool, as the RL data leaves them out.
@@ -136,6 +141,8 @@ def warm_start(
         info = json.loads(info_path.read_text())
         params = checkpointer.restore(path / "params", sharding.abstract_like(state.params))
         log(f"warm start: reusing {path} (base accuracy {info['base_accuracy']:.3f})")
+        if (warning := outside_window_line(config, info)) is not None:
+            log(warning)
         return params, {**info, "cached": True}
 
     t0 = time.time()
@@ -150,6 +157,16 @@ def warm_start(
     accuracy, steps = 0.0, 0
     while steps < config.max_steps:
         for _ in range(eval_every):
+            if stop is not None and sharding.any_process(stop.requested):
+                name = stop.signal_name or "a stop request"
+                log(f"warm start: stopped by {name} after SFT step {steps}; nothing cached")
+                raise runtime.Preempted(
+                    name,
+                    steps,
+                    f"stopped by {name} during the warm start (after SFT step {steps} of at "
+                    f"most {config.max_steps}); no base was cached: run the same command to "
+                    "start the warm start again",
+                )
             idx = data_rng.integers(0, len(pool), config.batch_size)
             batch = demonstration_batch(
                 tokenizer, [pool[i] for i in idx], max_prompt_len, max_new_tokens
@@ -187,7 +204,34 @@ def warm_start(
     checkpointer.wait_until_finished()
     if jax.process_index() == 0:
         info_path.write_text(json.dumps(info))
+    if (warning := outside_window_line(config, info)) is not None:
+        log(warning)
     return state.params, {**info, "cached": False}
+
+
+def outside_window_line(config: WarmStartConfig, info) -> str | None:
+    """A warning when the base's accuracy is outside the window (None inside): the window,
+    the accuracy reached and the settings that would reach it."""
+    accuracy, steps = info["base_accuracy"], info["sft_steps"]
+    low, high = config.min_accuracy, config.max_accuracy
+    if low <= accuracy <= high:
+        return None
+    if accuracy < low:
+        change = (
+            f"raise warmstart.max_steps (now {config.max_steps}) or warmstart.learning_rate "
+            f"(now {config.learning_rate:g}), or lower warmstart.min_accuracy"
+        )
+    else:
+        change = (
+            f"lower warmstart.learning_rate (now {config.learning_rate:g}) or "
+            "warmstart.eval_every, or raise warmstart.max_accuracy"
+        )
+    return (
+        f"warning: the warm start ended outside its accuracy window [{low:g}, {high:g}]: "
+        f"held-out accuracy {accuracy:.3f} after {steps} SFT steps; RL goes on from this "
+        f"base. To reach the window, {change} (a changed warmstart.* setting trains a new "
+        "base)"
+    )
 
 
 def _copy(params):

@@ -124,6 +124,19 @@ def _cases(tmp):
     os.makedirs(not_a_run)
     out = os.path.join(tmp, "out")
     long = _tests_module("long_prompts").write(os.path.join(tmp, "long_prompts"))
+    gguf = os.path.join(tmp, "model.gguf")
+    with open(gguf, "wb") as f:
+        f.write(b"GGUF" + bytes(28))
+    records = os.path.join(tmp, "records.jsonl")
+    with open(records, "w") as f:
+        f.writelines(
+            json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(200)
+        )
+    reward_file = os.path.join(tmp, "my_reward.py")
+    with open(reward_file, "w") as f:
+        f.write("LIMIT = 3\n")
+    no_tokenizer = os.path.join(tmp, "hf_without_tokenizer")
+    os.makedirs(no_tokenizer)
     cases += [
         ("--config=configs/missing.py", _train(fresh, config="configs/missing.py"), [fresh]),
         (
@@ -188,6 +201,42 @@ def _cases(tmp):
             [fresh],
         ),
         (
+            "--config.model.checkpoint=FILE.gguf (a llama.cpp file, not a directory)",
+            _train(fresh, "--config.model.init=checkpoint", f"--config.model.checkpoint={gguf}"),
+            [fresh],
+        ),
+        (
+            "a GSM8K data file that does not exist (configs/gsm8k.py)",
+            _train(
+                fresh,
+                "--config.model.init=random",
+                "--config.tokenizer.name=byte",
+                "--config.task.prompt_format=plain",
+                f"--config.task.data_path={os.path.join(tmp, 'no_such.jsonl')}",
+                config="configs/gsm8k.py",
+            ),
+            [fresh],
+        ),
+        (
+            "configs/jsonl.py --config.task.data_path of no file",
+            _train(
+                fresh,
+                f"--config.task.data_path={os.path.join(tmp, 'no.jsonl')}",
+                config="configs/jsonl.py",
+            ),
+            [fresh],
+        ),
+        (
+            "configs/jsonl.py --config.task.reward=FILE.py:FN of no function",
+            _train(
+                fresh,
+                f"--config.task.data_path={records}",
+                f"--config.task.reward={reward_file}:nothing",
+                config="configs/jsonl.py",
+            ),
+            [fresh],
+        ),
+        (
             "export.py on a directory that is not a run",
             ["scripts/export.py", f"--workdir={not_a_run}", f"--out={out}"],
             [not_a_run, out],
@@ -211,6 +260,16 @@ def _cases(tmp):
             "evaluate.py on a run with a setting its checkpoint fixes",
             ["scripts/evaluate.py", f"--workdir={run}", "--config.model.d_model=64"],
             [run],
+        ),
+        (
+            "evaluate.py --config on a workdir that does not exist",
+            ["scripts/evaluate.py", f"--workdir={fresh}", "--config=configs/arith.py"],
+            [fresh],
+        ),
+        (
+            "evaluate.py --checkpoint of a directory without tokenizer.json, no --config",
+            ["scripts/evaluate.py", f"--checkpoint={no_tokenizer}"],
+            [no_tokenizer],
         ),
         (
             "evaluate.py --checkpoint of no directory",

@@ -85,13 +85,19 @@ def _parse(argv):
     import ml_collections
 
     if _given(argv, "checkpoint") is None:
+        workdir = _given(argv, "workdir") or config_utils.default_workdir(_RUN_CONFIG, _ROOT)
+        if not os.path.exists(workdir):
+            _fail(
+                f"--workdir={workdir} does not exist: give the workdir of a run (as train.py "
+                "wrote it), or --checkpoint=HF_DIR [--config=configs/NAME.py] to evaluate a "
+                "Hugging Face directory"
+            )
         if _given(argv, "config") is not None:
             _fail(
                 "--config with a run: the run is evaluated under its own config "
                 "(WORKDIR/config.json); give --config.KEY=VALUE overrides alone, or "
                 "--checkpoint=HF_DIR to evaluate a Hugging Face directory"
             )
-        workdir = _given(argv, "workdir") or config_utils.default_workdir(_RUN_CONFIG, _ROOT)
         config = _run_config(workdir)
         define = lambda: config_flags.DEFINE_config_dict(
             "config", ml_collections.ConfigDict(config), "The run's config (config.json)."
@@ -144,7 +150,18 @@ def _evaluate_directory(checkpoint: str, workdir: str | None):
     if not os.path.isdir(checkpoint):
         _fail(f"--checkpoint={checkpoint}: no such directory")
     config = flags.FLAGS.config
-    file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
+    config_file = flags.FLAGS["config"].config_filename
+    tokenizer_file = os.path.join(checkpoint, "tokenizer.json")
+    if config.tokenizer.name == "hf" and not config.tokenizer.path:
+        if not os.path.isfile(tokenizer_file):
+            given = _given(sys.argv, "config") or "configs/gsm8k.py (the default)"
+            _fail(
+                f"--checkpoint={checkpoint} has no tokenizer.json, and --config={given} reads "
+                f"the tokenizer from it ({tokenizer_file}): "
+                "give --config=configs/NAME.py of the model's task (e.g. configs/arith.py for "
+                "a byte-tokenizer model) or --config.tokenizer.path=DIR"
+            )
+    file_config = experiments.file_config(config_file)
     with config.unlocked():
         config.model.init, config.model.checkpoint = "checkpoint", checkpoint
     spec = spec_lib.parse(configuration.fit_task_section(config, file_config))

@@ -62,6 +62,8 @@ BAD_SETTINGS = [
     ({"model.scan_layers": "yes"}, "model.scan_layers"),
     ({"train.num_microbatches": 3}, "train.num_microbatches"),
     ({"train.num_microbatches": 0}, "train.num_microbatches"),
+    # B = 20 does not split over the 8 data shards: the batch size is at fault.
+    ({"train.batch_size": 20}, "train.batch_size=20: it must split over the 8"),
     ({"train.num_microbatches": 2, "loss.name": "m2po"}, "train.num_microbatches"),
     ({"loss.positive_weight": 0.0}, "loss.positive_weight"),
     ({"loss.cov_clip_frac": 1.0}, "loss.cov_clip_frac"),

@@ -157,3 +157,31 @@ def test_script_bad_input_exits_2_with_one_line(tmp_path, case, expected):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_a_gguf_file_as_model_checkpoint_says_to_convert_it(tmp_path):
+    """train.py --config.model.checkpoint=FILE.gguf: exit 2, one line pointing at
+    scripts/gguf_to_hf.py, nothing created."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(28))
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/train.py",
+            "--config=configs/arith.py",
+            f"--workdir={workdir}",
+            "--config.model.init=checkpoint",
+            f"--config.model.checkpoint={path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"model.checkpoint='{path}' is a GGUF file" in lines[0], lines
+    assert "scripts/gguf_to_hf.py" in lines[0], lines
+    assert not workdir.exists()

@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from replax.tasks import SPLITS, Example, arith, make_task, math_data, word_problems
+from replax.tasks import (
+    SPLITS,
+    Example,
+    arith,
+    make_task,
+    math_data,
+    resolve_factory,
+    word_problems,
+)
 from replax.tasks import math as math_task
 from replax.tasks.math import math_reward
 from replax.tasks.math_data import read_gsm8k_jsonl
@@ -326,6 +334,63 @@ def test_malformed_math_and_missing_files(tmp_path):
         math_data.read_gsm8k(tmp_path / "bad.parquet")
 
 
+def test_a_users_task_by_file_path_needs_no_pythonpath(tmp_path, monkeypatch):
+    """task.name=path/to/file.py:factory loads the file, relative to the working directory;
+    the module is loaded once, so a second name of the file gives the same factory."""
+    (tmp_path / "my_tasks.py").write_text(
+        "from replax.tasks import Example, Task\n"
+        "class Echo(Task):\n"
+        "    name = 'echo'\n"
+        "    def __init__(self, word='ab'):\n"
+        "        self.word = word\n"
+        "    def examples(self, split, num, seed=0):\n"
+        "        return [Example(self.word, self.word)] * num\n"
+        "    def reward(self, completion, answer):\n"
+        "        return float(completion == answer)\n"
+        "def make(word='ab'):\n"
+        "    return Echo(word)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    task = make_task("my_tasks.py:make", word="xy")
+    assert task.examples("train", 2) == [Example("xy", "xy")] * 2
+    assert task.reward("xy", "xy") == 1.0
+    assert resolve_factory(f"{tmp_path}/my_tasks.py:make") is resolve_factory("my_tasks.py:make")
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "no_such_module:make_task",
+            "task.name='no_such_module:make_task': cannot import 'no_such_module' (No module "
+            "named 'no_such_module'): the module must be importable (its directory on "
+            "PYTHONPATH), or give it as a file path, task.name=path/to/file.py:make_task",
+        ),
+        ("nowhere/tasks.py:make", "task.name='nowhere/tasks.py:make': no such file"),
+        ("broken.py:make", "task.name='broken.py:make': importing broken.py raised ZeroDivision"),
+        ("broken_ok.py:missing", "task.name='broken_ok.py:missing': "),
+    ],
+)
+def test_a_users_task_that_does_not_load_says_how_to_name_it(tmp_path, monkeypatch, name, message):
+    (tmp_path / "broken.py").write_text("1 / 0\n")
+    (tmp_path / "broken_ok.py").write_text("x = 1\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        make_task(name)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_data_file_names_task_data_path(tmp_path):
+    missing = str(tmp_path / "nope.jsonl")
+    task = make_task("gsm8k", data_path=missing, prompt_format="plain")
+    with pytest.raises(ValueError) as info:
+        task.examples("train", 1)
+    message = str(info.value)
+    assert message.startswith(f"task.data_path={missing!r}: no such file or directory"), message
+    assert "\n" not in message
+
+
 # ---------------------------------------------------------------------------------------
 # MathTask: splits, prompt formats, rewards.
 
@@ -594,3 +659,67 @@ def test_word_problem_bad_settings_are_one_line():
             word_problems.WordProblemTask(**kwargs)
     with pytest.raises(ValueError, match="split"):
         word_problems.WordProblemTask(prompt_format="plain").problems("valid", 1)
+
+
+# ---------------------------------------------------------------------------------------
+# task.name=jsonl: records of a file, a reward function by config.
+
+
+def write_records(path, num=40):
+    """num addition records, "a+b=" -> "a+b"."""
+    with open(path, "w") as f:
+        for i in range(num):
+            f.write(json.dumps({"prompt": f"{i}+{2 * i}=", "answer": str(3 * i)}) + "\n")
+    return str(path)
+
+
+def test_jsonl_task_splits_by_a_hash_of_the_prompt(tmp_path):
+    data = write_records(tmp_path / "data.jsonl")
+    task = make_task("jsonl", data_path=data, test_fraction=0.25)
+    train, test = task.examples("train", 0), task.examples("test", 0)
+    assert len(train) + len(test) == 40 and test
+    assert not {e.prompt for e in train} & {e.prompt for e in test}
+    # A record keeps its split when the file changes around it.
+    more = write_records(tmp_path / "more.jsonl", 80)
+    bigger = make_task("jsonl", data_path=more, test_fraction=0.25)
+    assert {e.prompt for e in test} <= {e.prompt for e in bigger.examples("test", 0)}
+    assert task.examples("test", 2) == test[:2]
+
+
+def test_jsonl_default_reward_is_an_exact_final_answer(tmp_path):
+    task = make_task("jsonl", data_path=write_records(tmp_path / "data.jsonl"))
+    assert task.score("1+2=", " 3 ", "3") == 1.0
+    assert task.score("1+2=", "so it is 3", "3") == 1.0
+    assert task.score("1+2=", "4", "3") == 0.0
+    assert task.reward("3", "3") == 1.0
+
+
+def test_jsonl_reward_by_file_gets_prompt_completion_and_answer(tmp_path, monkeypatch):
+    (tmp_path / "my_reward.py").write_text(
+        "def reward(prompt, completion, answer):\n    return len(prompt + completion + answer)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    task = make_task("jsonl", data_path=write_records("data.jsonl"), reward="my_reward.py:reward")
+    assert task.score("ab", "c", "de") == 5.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"data_path": "nope.jsonl"}, "task.data_path='nope.jsonl': no such file"),
+        ({"reward": "no_colon"}, "task.reward='no_colon': allowed are 'path/to/file.py:FN'"),
+        ({"reward": "nope.py:fn"}, "task.reward='nope.py:fn': no such file"),
+        ({"reward": "my_reward.py:LIMIT"}, "task.reward='my_reward.py:LIMIT': my_reward.py has "),
+        ({"reward": "no_such_mod:fn"}, "task.reward='no_such_mod:fn': cannot import"),
+        ({"data_path": "no_answer.jsonl"}, "task.data_path='no_answer.jsonl': line 2 has no "),
+    ],
+)
+def test_jsonl_bad_settings_name_the_key(tmp_path, monkeypatch, kwargs, message):
+    monkeypatch.chdir(tmp_path)
+    write_records("data.jsonl")
+    (tmp_path / "my_reward.py").write_text("LIMIT = 3\n")
+    (tmp_path / "no_answer.jsonl").write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "c"}\n')
+    with pytest.raises(ValueError) as info:
+        make_task("jsonl", **{"data_path": "data.jsonl", **kwargs})
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)

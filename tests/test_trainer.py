@@ -170,6 +170,9 @@ def test_resume_continues_exactly(full_run, tmp_path):
         ("--config.no_such_key=1", "no_such_key"),
         ("--config.rollout.group_sise=4", "rollout.group_sise (did you mean rollout.group_size?)"),
         ("--config.task.name=no_such_module:make_task", "task.name"),
+        # 20 rows do not split over the 8 data shards: the batch size is named, not the
+        # microbatches.
+        ("--config.train.batch_size=20", "train.batch_size=20: it must split over the 8 data"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, override, key):
@@ -206,6 +209,22 @@ def test_a_users_task_trains_on_the_shipped_config_with_one_flag(tmp_path):
         "--config.total_steps=2",
         "--config.checkpoint_every=2",
         env=USER_PATH,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in read(str(workdir))] == [1, 2]
+    (dataset,) = os.listdir(workdir / "data" / "replax_task")
+    assert dataset.startswith("reverse3_")
+
+
+def test_a_users_task_by_file_path_trains_without_pythonpath(tmp_path):
+    """`--config.task.name=tests/user_task.py:make_task`, as the README says, from the
+    repository root with nothing on PYTHONPATH but replax."""
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        "--config.task.name=tests/user_task.py:make_task",
+        "--config.total_steps=2",
+        "--config.checkpoint_every=2",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in read(str(workdir))] == [1, 2]
@@ -278,6 +297,49 @@ def test_evaluate_script_takes_a_sealed_step_and_names_them_for_another(full_run
         assert lines[0].startswith(f"error: {message}"), lines
 
 
+def test_evaluate_script_bad_input_says_what_it_looked_for(tmp_path):
+    """A workdir that does not exist is named as such (not as a run's config), and a
+    --checkpoint without a tokenizer.json under the default config names the file it
+    looked for and the flags to give."""
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    missing = tmp_path / "no_run"
+    for args, message in [
+        (
+            [f"--workdir={missing}", "--config=configs/arith.py"],
+            f"--workdir={missing} does not exist: give the workdir of a run",
+        ),
+        ([f"--workdir={missing}"], f"--workdir={missing} does not exist"),
+        (
+            [f"--checkpoint={hf_dir}"],
+            f"--checkpoint={hf_dir} has no tokenizer.json, and --config=configs/gsm8k.py (the "
+            f"default) reads the tokenizer from it ({hf_dir}/tokenizer.json): give "
+            "--config=configs/NAME.py",
+        ),
+    ]:
+        proc = evaluate(*args)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0].startswith(f"error: {message}"), lines
+    assert not missing.exists() and os.listdir(hf_dir) == []
+
+
+def test_disjoint_placement_on_one_device_exits_2(tmp_path):
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        "--config.rollout.placement=disjoint",
+        "--config.train.max_steps_per_generation=1",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "rollout.placement='disjoint' needs at least 2 devices" in lines[0], lines
+    assert "this machine has 1" in lines[0], lines
+    assert not workdir.exists()
+
+
 def test_evaluate_script_on_a_hugging_face_directory(full_run, tmp_path):
     """--checkpoint evaluates a Hugging Face directory under --config's task: step 6 of the
     run, exported, scores what the run's own evaluation of step 6 did."""
@@ -302,3 +364,76 @@ def test_evaluate_script_on_a_hugging_face_directory(full_run, tmp_path):
     assert result["eval_accuracy"] == read(workdir)[-1]["eval_accuracy"]
     with open(out / "eval.json") as f:
         assert json.load(f) == result
+
+
+def write_jsonl_task(folder):
+    """200 addition records and a reward file that raises on odd-length completions."""
+    data = folder / "data.jsonl"
+    with open(data, "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n")
+    reward = folder / "my_reward.py"
+    reward.write_text(
+        "def reward(prompt, completion, answer):\n"
+        "    if len(completion) % 2:\n"
+        "        raise ValueError('odd')\n"
+        "    assert prompt.endswith('=')\n"
+        "    return float(completion.strip() == answer)\n"
+    )
+    return str(data), str(reward)
+
+
+JSONL = [
+    "--config.task.num_train=0",
+    "--config.task.num_test=0",
+    "--config.task.test_fraction=0.25",
+]
+
+
+def test_a_jsonl_task_with_a_reward_file_trains_and_counts_reward_errors(tmp_path):
+    data, reward = write_jsonl_task(tmp_path)
+    workdir = tmp_path / "run"
+    proc = run_train(
+        str(workdir),
+        *JSONL,
+        f"--config.task.data_path={data}",
+        f"--config.task.reward={reward}:reward",
+        "--config.total_steps=2",
+        "--config.checkpoint_every=2",
+        config="configs/jsonl.py",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read(str(workdir))
+    assert [r["step"] for r in records] == [1, 2]
+    # 8 random completions a step, about half of odd length: errors scored 0, counted.
+    errors = [r["reward_errors"] for r in records]
+    assert 0 < errors[0] <= errors[1] <= 16, errors
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--config.task.data_path=/no/such.jsonl"], "task.data_path='/no/such.jsonl': no such"),
+        (["--config.task.reward=no_colon"], "task.reward='no_colon': allowed are"),
+        (["--config.task.reward={reward}:nothing"], "task.reward='{reward}:nothing': "),
+        (["--config.task.data_path={bad}"], "task.data_path='{bad}': line 1 has no 'answer'"),
+    ],
+)
+def test_a_jsonl_task_with_bad_settings_exits_2(tmp_path, flags, message):
+    data, reward = write_jsonl_task(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1="}\n')
+    workdir = tmp_path / "run"
+    fill = {"reward": reward, "bad": bad}
+    proc = run_train(
+        str(workdir),
+        *JSONL,
+        f"--config.task.data_path={data}",
+        *[f.format(**fill) for f in flags],
+        config="configs/jsonl.py",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message.format(**fill) in lines[0], lines
+    assert not workdir.exists()

@@ -95,6 +95,33 @@ def test_validate_microbatches_with_loss_and_shards():
     fails(validation.validate_microbatches, auto, 8, match="half of train.batch_size=8")
 
 
+def test_a_batch_that_does_not_split_over_the_shards_names_train_batch_size():
+    # B = 20 over 8 data shards: the batch is at fault, not the (default) 1 microbatch.
+    fails(
+        validation.validate_microbatches,
+        spec(train__batch_size=20),
+        8,
+        match=r"^train.batch_size=20: it must split over the 8 data-parallel shards: use a "
+        r"multiple of 8$",
+    )
+    fails(
+        validation.validate_microbatches,
+        spec(train__batch_size=20, replay__mode="auto"),
+        8,
+        match=r"^train.batch_size=20: half of it must split .* use a multiple of 16$",
+    )
+
+
+def test_disjoint_placement_on_one_device_says_it_needs_two():
+    fails(
+        validation.placement_devices,
+        spec(rollout__placement="disjoint"),
+        1,
+        1,
+        match=r"^rollout.placement='disjoint' needs at least 2 devices .* this machine has 1",
+    )
+
+
 def test_validate_data_shards_and_rollout_batch():
     fails(validation.validate_data_shards, spec(eval__pass_k_prompts=3), 8, match="=6 is not")
     fails(validation.validate_rollout_batch, spec(), (16, 1, 1), 16, 1, match="R = prompts")

@@ -17,7 +17,7 @@ import optax
 import pytest
 
 from replax import model as model_lib
-from replax import sharding, warmstart
+from replax import runtime, sharding, warmstart
 from replax import train_step as train_step_lib
 from replax.tasks import Task
 from replax.tasks.arith import EASY, ArithTask
@@ -82,7 +82,7 @@ def mesh():
     return sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
 
 
-def run_warm_start(mesh, evaluator, cache_dir, *, max_steps=40):
+def run_warm_start(mesh, evaluator, cache_dir, *, max_steps=40, log=None, stop=None):
     config = warmstart.WarmStartConfig(
         min_accuracy=0.15,
         max_accuracy=0.40,
@@ -104,7 +104,8 @@ def run_warm_start(mesh, evaluator, cache_dir, *, max_steps=40):
         rules=RULES,
         cache_dir=str(cache_dir),
         key="run",
-        log=lambda message: None,
+        log=log or (lambda message: None),
+        stop=stop,
     )
 
 
@@ -184,3 +185,62 @@ def test_overshoot_in_the_last_interval_returns_and_caches_the_parameters_below_
     assert_params_close(cached_params, after_10)
     for restored, original in zip(jax.tree.leaves(cached_params), jax.tree.leaves(params)):
         assert restored.sharding.is_equivalent_to(original.sharding, restored.ndim)
+
+
+def test_a_warm_start_that_ends_below_its_window_says_so_and_what_to_change(mesh, tmp_path):
+    # Held-out accuracy 0.0 and then 0.05 at steps 10 and 20: the budget of 20 ends below
+    # [0.15, 0.4]. The warning names the window, the accuracy reached and the settings;
+    # a reuse of the cached base warns again.
+    lines = []
+    _, info = run_warm_start(
+        mesh, ScriptedEvaluator([0.0, 0.05]), tmp_path, max_steps=20, log=lines.append
+    )
+    assert info["in_window"] is False
+    warning = (
+        "warning: the warm start ended outside its accuracy window [0.15, 0.4]: held-out "
+        "accuracy 0.050 after 20 SFT steps; RL goes on from this base. To reach the window, "
+        "raise warmstart.max_steps (now 20) or warmstart.learning_rate (now 0.01), or lower "
+        "warmstart.min_accuracy (a changed warmstart.* setting trains a new base)"
+    )
+    assert lines[-1] == warning
+    again = []
+    run_warm_start(mesh, ScriptedEvaluator([]), tmp_path, max_steps=20, log=again.append)
+    assert again[-1] == warning
+    # Inside the window: no warning.
+    inside = []
+    run_warm_start(
+        mesh, ScriptedEvaluator([0.2]), tmp_path / "inside", max_steps=20, log=inside.append
+    )
+    assert not any(line.startswith("warning") for line in inside)
+
+
+class StopAfter:
+    """A runtime.StopRequest stand-in that is requested from its `checks`-th poll on."""
+
+    signal_name = "SIGTERM"
+
+    def __init__(self, checks):
+        self.checks, self.polls = checks, 0
+
+    @property
+    def requested(self):
+        self.polls += 1
+        return self.polls >= self.checks
+
+
+def test_a_stop_request_ends_the_warm_start_between_sft_steps_and_caches_nothing(mesh, tmp_path):
+    # Requested at the third poll, before SFT step 3 of an interval of 10: no evaluation
+    # (the scripted evaluator has none to give), Preempted after step 2, no base cached.
+    lines = []
+    with pytest.raises(runtime.Preempted) as stopped:
+        run_warm_start(mesh, ScriptedEvaluator([]), tmp_path, log=lines.append, stop=StopAfter(3))
+    assert stopped.value.step == 2
+    assert str(stopped.value).startswith(
+        "stopped by SIGTERM during the warm start (after SFT step 2 of at most 40); no base "
+        "was cached"
+    )
+    assert lines[-1] == "warm start: stopped by SIGTERM after SFT step 2; nothing cached"
+    assert not (tmp_path / "run").exists()
+    # The same command again trains the base from the start.
+    _, info = run_warm_start(mesh, ScriptedEvaluator([0.2]), tmp_path)
+    assert info["cached"] is False and info["sft_steps"] == 10

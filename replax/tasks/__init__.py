@@ -5,10 +5,11 @@ A task's reward takes the completion text (up to the first stop token, see
 and never raises, whatever the policy wrote.
 
 `make_task(name, **kwargs)` builds a task from the config's `task.name`: a registered
-name (`register_task`) or the import path of a user's factory, `package.module:factory`,
-which is called with the task's own config keys and returns a `Task`. A user's task
-needs no change to replax, nor a config file of its own: on a shipped config,
-`--config.task.name=package.module:factory` passes the factory the task.* keys it takes
+name (`register_task`) or where a user's factory is, `package.module:factory` (imported:
+on PYTHONPATH) or `path/to/file.py:factory` (loaded from the file); the factory is called
+with the task's own config keys and returns a `Task`. A user's task needs no change to
+replax, nor a config file of its own: on a shipped config,
+`--config.task.name=path/to/file.py:factory` passes the factory the task.* keys it takes
 and drops the file's other task keys while they keep the file's values
 (`replax.configuration.fit_task_section`).
 """
@@ -17,8 +18,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 import importlib
+import importlib.util
+import os
 import random
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -87,6 +92,12 @@ class Task(abc.ABC):
     def reward(self, completion: str, answer: str) -> float:
         """1.0 if `completion` states `answer`, else 0.0. Never raises."""
 
+    def score(self, prompt: str, completion: str, answer: str) -> float:
+        """The reward of `completion` to `prompt`: `reward(completion, answer)` unless the
+        task's reward reads the prompt too (a reward function by config, task.reward)."""
+        del prompt
+        return self.reward(completion, answer)
+
     def demonstration(self, example: Example) -> str:
         """Prompt followed by the target completion, for supervised warm-start.
 
@@ -124,24 +135,60 @@ def registered_tasks() -> tuple[str, ...]:
 
 
 def resolve_factory(name: str) -> Callable[..., Task]:
-    """The factory of a registered name or of `package.module:factory`. Raises ValueError
+    """The factory of a registered name, of `package.module:factory` or of
+    `path/to/file.py:factory`. Raises ValueError
     (one line) naming what was asked and what is allowed."""
     _register_builtin()
     if name in _REGISTRY:
         return _REGISTRY[name]
-    module_name, colon, attr = name.partition(":")
+    module_name, colon, attr = name.rpartition(":")
     if not colon or not module_name or not attr:
         raise ValueError(
-            f"task.name={name!r}: allowed are {registered_tasks()} or 'package.module:factory'"
+            f"task.name={name!r}: allowed are {registered_tasks()}, 'package.module:factory' "
+            "or 'path/to/file.py:factory'"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"task.name={name!r}: cannot import {module_name!r} ({e})") from None
+    if module_name.endswith(".py"):
+        module = load_file(module_name, f"task.name={name!r}")
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ValueError(
+                f"task.name={name!r}: cannot import {module_name!r} ({e}): the module must be "
+                "importable (its directory on PYTHONPATH), or give it as a file path, "
+                f"task.name=path/to/file.py:{attr}"
+            ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"task.name={name!r}: {module_name} has no callable {attr!r}")
     return factory
+
+
+def load_file(path: str, setting: str):
+    """The Python module of the file `path` (relative to the working directory), loaded
+    once per file: no PYTHONPATH needed. Raises ValueError naming `setting` when the file
+    is missing or fails to import."""
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise ValueError(f"{setting}: no such file {path!r} (a path relative to {os.getcwd()})")
+    # One module per file, under a name of its own, so that its classes pickle and a
+    # second reference to the file finds the same module.
+    digest = hashlib.sha1(full.encode()).hexdigest()[:8]
+    module_name = f"replax_user_{os.path.splitext(os.path.basename(full))[0]}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, full)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file may raise anything
+        del sys.modules[module_name]
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(
+            f"{setting}: importing {path} raised {type(e).__name__}: {first}"
+        ) from None
+    return module
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -159,7 +206,7 @@ def _register_builtin() -> None:
     if _BUILTIN_REGISTERED:
         return
     _BUILTIN_REGISTERED.append(True)
-    from replax.tasks import arith, math, word_problems
+    from replax.tasks import arith, jsonl, math, word_problems
 
     builtin = {
         "arith": arith.make_arith_task,
@@ -168,6 +215,7 @@ def _register_builtin() -> None:
         "gsm8k": lambda **kw: math.MathTask(name="gsm8k", **kw),
         "math": lambda **kw: math.MathTask(name="math", **kw),
         "word_problems": word_problems.WordProblemTask,
+        "jsonl": jsonl.JsonlTask,
     }
     for name, factory in builtin.items():
         _REGISTRY.setdefault(name, factory)  # a user's registration wins

@@ -263,6 +263,11 @@ class MathTask(Task):
         ValueError naming the setting and the file when the split has none."""
         if split not in self._cache:
             path, data_split, hashed = self._source(split)
+            if not pathlib.Path(path).exists():
+                raise ValueError(
+                    f"{self._source_key(split)}: no such file or directory (a JSONL or parquet "
+                    "file, a directory of them, or a saved datasets directory)"
+                )
             read = read_gsm8k if self.name == "gsm8k" else read_math
             examples = read(path, data_split)
             if not examples:
