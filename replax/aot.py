@@ -363,8 +363,50 @@ def _mean_cache_len(prompt_len: int, new_tokens: int) -> float:
     return total / new_tokens
 
 
-def modelled_mu(spec, model_config, target: Target, sampler_dtype_bytes: int) -> dict[str, Any]:
-    """The modelled cost of generating and of training on one rollout on `target`, from
+def slice_chips(name: str) -> tuple[str, int]:
+    """(generation, chips) of a topology or Cloud name, without libtpu."""
+    generation, dims = _dims(ALIASES.get(name, name))
+    return generation, math.prod(dims)
+
+
+def modelled_mu_of_config(config_flag: str, topology: str, overrides=None) -> dict[str, Any]:
+    """`modelled_mu` of a config file's run (`FILE[:VARIANT]`, as --config takes it, with
+    {KEY: VALUE} overrides) on a slice: what compare.py's
+    --mu_model=tpu:FILE[:VARIANT]:TOPOLOGY uses."""
+    from replax import configuration, experiments
+    from replax import spec as spec_lib
+
+    config = experiments.file_config(config_flag)
+    for key, value in (overrides or {}).items():
+        experiments.set_value(config, key, value)
+    if config.model.get("init") == "checkpoint" and not config.model.get("checkpoint"):
+        config.model.init = "random"  # the shapes are the config's; no weights needed
+    spec = spec_lib.parse(config)
+    model_config = configuration.model_config(spec.model)
+    generation, chips = slice_chips(topology)
+    dtype = spec.rollout.dtype or model_config.dtype
+    return modelled_mu(spec, model_config, CHIPS[generation], chips, jnp.dtype(dtype).itemsize)
+
+
+def parse_mu_model(text: str) -> tuple[str, str] | None:
+    """'tpu:FILE[:VARIANT]:TOPOLOGY' -> (FILE[:VARIANT], TOPOLOGY); None for a number."""
+    match = re.fullmatch(r"tpu:(?P<config>.+):(?P<topology>(v4|v5e|v5p|v6e)(:[\dx]+|-\d+))", text)
+    if match:
+        return match.group("config"), match.group("topology")
+    try:
+        float(text)
+    except ValueError:
+        raise ValueError(
+            f"--mu_model={text}: a number, or tpu:CONFIG_FILE[:VARIANT]:TOPOLOGY "
+            "(e.g. tpu:configs/gsm8k.py:qwen2.5-1.5b-instruct:v5e-8)"
+        ) from None
+    return None
+
+
+def modelled_mu(
+    spec, model_config, chip: Chip, chips: int, sampler_dtype_bytes: int
+) -> dict[str, Any]:
+    """The modelled cost of generating and of training on one rollout on `chips` chips, from
     the model's matmul FLOPs (`replax.flops`, the accounting the runs use) and the bytes
     each phase must move through HBM, at the chip's peaks (`roofline_s`): a lower bound
     of each phase's time, never a measurement.
@@ -380,7 +422,6 @@ def modelled_mu(spec, model_config, target: Target, sampler_dtype_bytes: int) ->
     c = spec.rollout
     r, b = spec.rollouts_per_step, spec.train.batch_size
     p, n = c.max_prompt_len, c.max_new_tokens
-    chips = target.chips
     layers, kv, d = model_config.num_layers, model_config.num_kv_heads, model_config.head_dim
     weights = flops_lib.param_count(model_config)
     cache_len = _mean_cache_len(p, n)
@@ -388,12 +429,12 @@ def modelled_mu(spec, model_config, target: Target, sampler_dtype_bytes: int) ->
     # DECODE: one token for each of R rows.
     step_flops = r * flops_lib.forward_flops_per_token(model_config, cache_len)
     step_bytes = weights * sampler_dtype_bytes + r * cache_len * kv_bytes_per_slot
-    decode_step_s = roofline_s(step_flops / chips, step_bytes / chips, target.chip)
+    decode_step_s = roofline_s(step_flops / chips, step_bytes / chips, chip)
     # PREFILL: the P prompt tokens of each of the R / G prompts (repeated per row after).
     prompts = c.prompts_per_step
     prefill_flops = prompts * p * flops_lib.forward_flops_per_token(model_config, p / 2)
     prefill_bytes = weights * sampler_dtype_bytes + r * p * kv_bytes_per_slot
-    prefill_s = roofline_s(prefill_flops / chips, prefill_bytes / chips, target.chip)
+    prefill_s = roofline_s(prefill_flops / chips, prefill_bytes / chips, chip)
     generation_s = prefill_s + n * decode_step_s
     # TRAIN: forward, recomputed forward (remat) and backward (2x) on B x T tokens.
     seq = spec.seq_len
@@ -404,7 +445,7 @@ def modelled_mu(spec, model_config, target: Target, sampler_dtype_bytes: int) ->
     passes = spec.train.num_microbatches * (3.0 + recompute)
     # Adam: read and write the float32 weights, both moments and the gradient.
     train_bytes = passes * compute_bytes + 7 * param_bytes
-    train_s = roofline_s(train_flops / chips, train_bytes / chips, target.chip)
+    train_s = roofline_s(train_flops / chips, train_bytes / chips, chip)
     gen_per_rollout = generation_s / r
     train_per_rollout = train_s / b
     return {

@@ -125,7 +125,13 @@ def define_flags(values) -> None:
     define("string", "variants", "onpolicy,replay", "Variants to compare, comma-separated.")
     define("multi_string", "define", [], "NAME=BASE: a variant from a config variant.")
     define("string", "lr_grid", "", "VARIANT:LR,LR;VARIANT:LR (default: rate x 1/3, 1, 3).")
-    define("float", "mu_model", 6.0, "The mu of the cost model.")
+    define(
+        "string",
+        "mu_model",
+        "6",
+        "The mu of the cost model: a number, or tpu:CONFIG[:VARIANT]:TOPOLOGY for the modelled "
+        "(roofline) mu of that config on that TPU slice (replax/aot.py).",
+    )
     define(
         "integer", "budget_rollouts", 0, "Generated rollouts per run (0: the on-policy config's)."
     )
@@ -590,6 +596,20 @@ def plot_entropy(payload, curves, path: str) -> None:
     plt.close(fig)
 
 
+def cost_model_mu(text: str) -> tuple[float, str]:
+    """(mu, where it comes from) of --mu_model: a number as given (the paper's accelerator
+    measurement by default), or tpu:CONFIG:TOPOLOGY's modelled roofline mu, never a
+    measurement."""
+    from replax import aot
+
+    parsed = aot.parse_mu_model(text)
+    if parsed is None:
+        return float(text), "given"
+    config, topology = parsed
+    mu = aot.modelled_mu_of_config(config, topology)["mu"]
+    return mu, f"modelled (roofline) for {config} on {topology}"
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     t0, load_start = time.time(), analysis.load_average()
@@ -597,13 +617,15 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         plan = Plan(args)
         plan.validate()
-    except config_utils.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        mu_model, mu_source = cost_model_mu(args.mu_model)
+    except (config_utils.ConfigError, ValueError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     os.makedirs(plan.workdir, exist_ok=True)
     with ex.compilation_cache(ex.cache_dir(args.compilation_cache, plan.workdir)):
         results = run_all(plan)
-    payload, curves = report(plan, results, mu_model=args.mu_model, target=args.target)
+    payload, curves = report(plan, results, mu_model=mu_model, target=args.target)
+    payload["mu_model_source"] = mu_source
 
     def plot_to(path):  # compare.png, and compare_entropy.png beside it
         plot(payload, curves, path)

@@ -170,7 +170,7 @@ def main(argv):
             }
     print(_table(rows, target))
     sampler_bytes = jnp.dtype(run.sampler.model_config.jnp_dtype).itemsize
-    modelled = aot.modelled_mu(run.spec, run.model_config, target, sampler_bytes)
+    modelled = aot.modelled_mu(run.spec, run.model_config, target.chip, target.chips, sampler_bytes)
     print(
         f"modelled at the chip's peaks (roofline, not measured): decode step "
         f"{1e3 * modelled['decode_step_s']:.3f} ms, prefill {1e3 * modelled['prefill_s']:.3f} "

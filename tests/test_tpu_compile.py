@@ -122,3 +122,28 @@ def test_mean_cache_len_follows_the_decode_segments():
     # 64 new tokens in segments ending at 16, 32, 48, 64: a prompt of P = 9 reads
     # 8 + 16, 8 + 32, 8 + 48 and 8 + 64 slots, 16 steps each.
     assert aot._mean_cache_len(9, 64) == (24 + 40 + 56 + 72) / 4
+
+
+def test_mu_model_flag_takes_a_number_or_a_config_on_a_slice():
+    assert aot.parse_mu_model("6") is None
+    assert aot.parse_mu_model("tpu:configs/gsm8k.py:qwen2.5-1.5b-instruct:v5e:2x4") == (
+        "configs/gsm8k.py:qwen2.5-1.5b-instruct",
+        "v5e:2x4",
+    )
+    assert aot.parse_mu_model("tpu:configs/arith.py:v5e-8") == ("configs/arith.py", "v5e-8")
+    with pytest.raises(ValueError, match="tpu:CONFIG_FILE"):
+        aot.parse_mu_model("tpu:configs/arith.py")
+
+
+def test_modelled_mu_of_a_config_and_its_longer_completions():
+    # Generating a rollout costs N decode steps, training on it one pass over P + N
+    # tokens: longer completions add decode steps, so generation's share (mu) grows.
+    config = os.path.join(ROOT, "configs", "arith.py")
+    short = aot.modelled_mu_of_config(config, "v5e:2x2")
+    longer = aot.modelled_mu_of_config(config, "v5e:2x2", {"rollout.max_new_tokens": 22})
+    assert longer["mu"] > short["mu"]
+    assert short["mu"] > 0 and short["generation_s"] > short["prefill_s"] > 0
+    chip = aot.CHIPS["v5e"]
+    # The decode step of the embedded model reads more bytes than it has FLOPs for: its
+    # time is the bandwidth bound (weights and cache over 819 GB/s).
+    assert short["decode_step_s"] >= aot.roofline_s(0.0, 1.0, chip)
