@@ -216,8 +216,49 @@ def _lower_train_step(run, train_state, batch_size: int | None = None, step=None
         return step.jitted.lower(train_state, batch)
 
 
-def run_programs(run, eval_mesh=None) -> dict[str, Callable[[], Any]]:
-    """name -> a function that lowers that program of `run` (a `replax.run.Run`) from
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A program of a run: `lower()` lowers it from abstract inputs; `holds` names the
+    parts of the run's resident state (`resident_bytes`) among its arguments."""
+
+    lower: Callable[[], Any]
+    holds: tuple[str, ...] = ()
+
+
+def device_bytes(tree) -> int:
+    """Bytes one device holds of abstract arrays (ShapeDtypeStructs with shardings): the
+    largest shard of each leaf."""
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shard) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+# What a run keeps in device memory from step to step, beside any one program's inputs.
+RESIDENT = ("train_state", "replay_store")
+
+
+def resident_bytes(run) -> dict[str, int]:
+    """Per device: the train state (weights and optimizer state), the replay store, and
+    of the train state the weights (the sampler's weight cast reads them)."""
+    train_state, replay_state = _abstract_states(run)
+    return {
+        "train_state": device_bytes(train_state),
+        "replay_store": device_bytes(replay_state),
+        "train_params": device_bytes(train_state.params),
+    }
+
+
+def peak_in_run(figures: Mapping[str, Any], program: Program, resident: Mapping[str, int]) -> int:
+    """A program's peak while the run's resident state also sits in the devices' memory:
+    its own peak plus the resident parts that are not among its arguments."""
+    held = sum(resident[k] for k in program.holds)
+    return figures["peak_bytes_per_chip"] + sum(resident[k] for k in RESIDENT) - held
+
+
+def run_programs(run, eval_mesh=None) -> dict[str, Program]:
+    """name -> `Program`: how to lower that program of `run` (a `replax.run.Run`) from
     abstract inputs: each is what the run's loop calls, at the run's shapes.
 
     train_step: one optimizer step on B rollouts. replay_add_and_sample: freeze the
@@ -234,17 +275,23 @@ def run_programs(run, eval_mesh=None) -> dict[str, Callable[[], Any]]:
     params = train_state.params
     sampler = run.sampler
     eval_mesh = eval_mesh or sampler.mesh
+    colocated = set(sampler.mesh.devices.flat) == set(run.mesh.devices.flat)
     programs = {
-        "train_step": lambda: _lower_train_step(run, train_state),
-        "replay_add_and_sample": lambda: run.add_and_sample.lower(
-            replay_state, *_fresh_rollouts(run, c.rollouts_per_step)
+        "train_step": Program(lambda: _lower_train_step(run, train_state), ("train_state",)),
+        "replay_add_and_sample": Program(
+            lambda: run.add_and_sample.lower(
+                replay_state, *_fresh_rollouts(run, c.rollouts_per_step)
+            ),
+            ("replay_store",),
         ),
-        "sampler_weights": lambda: _lower_prepare(sampler, params),
-        "sampler_prefill": lambda: sampler.lower_prefill(
-            params, c.rollout.prompts_per_step, c.rollout.group_size
+        "sampler_weights": Program(
+            lambda: _lower_prepare(sampler, params), ("train_params",) if colocated else ()
         ),
-        "sampler_decode": lambda: sampler.lower(
-            params, c.rollout.prompts_per_step, c.rollout.group_size
+        "sampler_prefill": Program(
+            lambda: sampler.lower_prefill(params, c.rollout.prompts_per_step, c.rollout.group_size)
+        ),
+        "sampler_decode": Program(
+            lambda: sampler.lower(params, c.rollout.prompts_per_step, c.rollout.group_size)
         ),
     }
     from replax import evaluation
@@ -258,14 +305,14 @@ def run_programs(run, eval_mesh=None) -> dict[str, Callable[[], Any]]:
         rules=run.rules,
         **c.rollout.numerics(),
     )
-    programs["eval_greedy"] = lambda: greedy.lower(params, c.eval.num_prompts)
+    programs["eval_greedy"] = Program(lambda: greedy.lower(params, c.eval.num_prompts))
     if c.eval.pass_k > 0 and c.eval.pass_k_prompts > 0:
         prompts = min(c.eval.pass_k_prompts, c.eval.num_prompts)
-        programs["eval_pass_at_k"] = lambda: sample.lower(params, prompts, c.eval.pass_k)
-    if set(sampler.mesh.devices.flat) != set(run.mesh.devices.flat):
+        programs["eval_pass_at_k"] = Program(lambda: sample.lower(params, prompts, c.eval.pass_k))
+    if not colocated:
         copy = _weight_copy(run, params)
         if copy is not None:
-            programs["weight_copy"] = copy
+            programs["weight_copy"] = Program(copy, ("train_params",))
     return programs
 
 

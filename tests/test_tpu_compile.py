@@ -51,6 +51,10 @@ def test_the_micro_run_compiles_for_v5e_and_fits(tmp_path):
         # The peak holds at least the arguments a device keeps (its shard of the weights).
         assert 0 < p["argument_bytes"] <= p["peak_bytes_per_chip"] < 0.9 * 16 * 2**30, name
         assert p["bytes_accessed"] > 0, name
+        # In the run the train state and the store stay resident beside each program.
+        assert p["peak_in_run_bytes_per_chip"] >= p["peak_bytes_per_chip"], name
+    resident = result["resident_bytes_per_chip"]
+    assert resident["train_state"] > resident["train_params"] > 0 and resident["replay_store"] > 0
     # The train step multiplies matrices; its arguments are the donated train state.
     train = result["programs"]["train_step"]
     assert train["flops"] > 1e6 and train["alias_bytes"] > 0
@@ -147,3 +151,14 @@ def test_modelled_mu_of_a_config_and_its_longer_completions():
     # The decode step of the embedded model reads more bytes than it has FLOPs for: its
     # time is the bandwidth bound (weights and cache over 819 GB/s).
     assert short["decode_step_s"] >= aot.roofline_s(0.0, 1.0, chip)
+
+
+def test_peak_in_run_adds_the_resident_state_a_program_does_not_take():
+    resident = {"train_state": 100, "replay_store": 10, "train_params": 25}
+    figures = {"peak_bytes_per_chip": 150}
+    # The train step takes the train state: beside it only the store.
+    assert aot.peak_in_run(figures, aot.Program(None, ("train_state",)), resident) == 160
+    # A decode program takes neither: both are resident beside it.
+    assert aot.peak_in_run(figures, aot.Program(None), resident) == 260
+    # The weight cast reads the train state's weights.
+    assert aot.peak_in_run(figures, aot.Program(None, ("train_params",)), resident) == 235
