@@ -193,4 +193,7 @@ def evaluation(*, every: int, num_prompts: int) -> ml_collections.ConfigDict:
     # The first this many held-out prompts, their greedy completions, rewards and answers
     # go to WORKDIR/samples.jsonl (and TensorBoard) at each evaluation.
     e.num_samples = 4
+    # Rows decoded per call, 0: all greedy prompts at once, then all pass@k rows. A large
+    # model sets it (to its R) so that evaluation's KV cache is no larger than generation's.
+    e.max_rows = 0
     return e

@@ -322,6 +322,9 @@ def make_config(
         drop_zero_advantage=not onpolicy,
     )
     c.loss = common.loss()
-    # Greedy pass@1 on the first 256 test problems, pass@8 on 64, ten times a run.
+    # Greedy pass@1 on the first 256 test problems, pass@8 on 64, ten times a run; at most
+    # R rows decoded at a time (the rollouts' batch, whose KV cache already fits: pass@8's
+    # 512 rows at once do not fit Qwen3's KV cache on a v5e chip).
     c.eval = common.evaluation(every=eval_every, num_prompts=256)
+    c.eval.max_rows = r
     return c

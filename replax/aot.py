@@ -305,9 +305,12 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
         rules=run.rules,
         **c.rollout.numerics(),
     )
-    programs["eval_greedy"] = Program(lambda: greedy.lower(params, c.eval.num_prompts))
+    # Evaluation decodes eval.max_rows rows a call (`evaluation.Evaluator`).
+    greedy_prompts = c.eval.num_prompts // c.eval.blocks(c.eval.num_prompts, 1)
+    programs["eval_greedy"] = Program(lambda: greedy.lower(params, greedy_prompts))
     if c.eval.pass_k > 0 and c.eval.pass_k_prompts > 0:
         prompts = min(c.eval.pass_k_prompts, c.eval.num_prompts)
+        prompts //= c.eval.blocks(prompts, c.eval.pass_k)
         programs["eval_pass_at_k"] = Program(lambda: sample.lower(params, prompts, c.eval.pass_k))
     if not colocated:
         copy = _weight_copy(run, params)

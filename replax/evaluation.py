@@ -78,13 +78,17 @@ class Evaluator:
         pass_k: int = 8,
         pass_k_prompts: int = 64,
         num_samples: int = 0,
+        max_rows: int = 0,
         mesh=None,
         rules=None,
         dtype: str | None = None,
         cache_dtype: str | None = None,
     ):
         """num_samples: held-out prompts whose greedy completions `evaluate` returns as
-        text. mesh, rules, dtype, cache_dtype: the samplers' (see `sampler.make_sampler`)."""
+        text. max_rows: rows decoded per call (0: every prompt of a kind at once); the
+        blocks are decoded as rows of the whole batch (`Sampler.generate`'s row_block), so
+        the samples are those of one call. mesh, rules, dtype, cache_dtype: the samplers'
+        (see `sampler.make_sampler`)."""
         self.task = task
         self.tokenizer = tokenizer
         self.examples = list(examples)
@@ -97,6 +101,7 @@ class Evaluator:
         self.mesh, self.rules = mesh, sharding.validate_rules(rules or sharding.DEFAULT_RULES)
         self.pass_k_prompts = min(pass_k_prompts, len(self.examples))
         self.num_samples = num_samples
+        self.max_rows = max_rows
         self.greedy, self.sample = make_samplers(
             model_config,
             tokenizer,
@@ -123,24 +128,45 @@ class Evaluator:
         if self.pass_k > 0 and self.pass_k_prompts > 0:
             k, p = self.pass_k, self.pass_k_prompts
             # k rows per prompt, adjacent; each prompt prefilled once.
-            ids, mask = self.prompt_ids[:p], self.prompt_mask[:p]
-            out = self.sample.generate(params, ids, mask, rng, num_samples=k)
             answers = np.repeat(np.asarray(self.answers[:p], dtype=object), k)
-            rewards = self._rewards(out, answers, np.repeat(self.prompts[:p], k))[0]
-            correct = rewards.reshape(p, k).sum(axis=1)
+            prompts = np.repeat(self.prompts[:p], k)
+            rewards, logprobs = [], []
+            for rows, out in self._blocks(self.sample, params, p, rng, k):
+                rewards.append(self._rewards(out, answers[rows], prompts[rows])[0])
+                mask_out = sharding.to_host(out.mask).astype(bool)
+                logprobs.append(sharding.to_host(out.logprobs)[mask_out])
+            correct = np.concatenate(rewards).reshape(p, k).sum(axis=1)
             metrics[f"eval_pass_at_{k}"] = float(pass_at_k(k, correct, k).mean())
             metrics["eval_pass_at_k"] = metrics[f"eval_pass_at_{k}"]
             # Mean per-token entropy of the policy at temperature 1, estimated by the
             # mean negative log-probability of its own samples.
-            mask_out = sharding.to_host(out.mask).astype(bool)
-            metrics["entropy"] = float(-sharding.to_host(out.logprobs)[mask_out].mean())
+            metrics["entropy"] = float(-np.concatenate(logprobs).mean())
         return metrics, self._samples(greedy_rewards, tokens, first)
 
+    def _blocks(self, sampler, params, num_prompts: int, rng, k: int = 1):
+        """(row slice, SampleOutput) of each call that decodes k rows of each of the first
+        num_prompts prompts, at most max_rows rows a call: block i of n draws the random
+        numbers of rows i R / n ... of the one call of R rows (row_block)."""
+        n = 1
+        if self.max_rows and num_prompts * k > self.max_rows:
+            n = num_prompts * k // self.max_rows
+        size = num_prompts // n
+        for i in range(n):
+            ids = self.prompt_ids[i * size : (i + 1) * size]
+            mask = self.prompt_mask[i * size : (i + 1) * size]
+            out = sampler.generate(params, ids, mask, rng, num_samples=k, row_block=(i, n))
+            yield slice(i * size * k, (i + 1) * size * k), out
+
     def _greedy(self, params, rng):
-        """(rewards float32[prompts], this process's rows of the greedy completions
-        int32[rows, T] on the host, the index of the first of those rows)."""
-        out = self.greedy.generate(params, self.prompt_ids, self.prompt_mask, rng)
-        return self._rewards(out, self.answers, self.prompts)
+        """(rewards float32[prompts], this process's rows of the first block's greedy
+        completions int32[rows, T] on the host, the index of the first of those rows)."""
+        answers = np.asarray(self.answers, dtype=object)
+        rewards, first_block = [], None
+        for rows, out in self._blocks(self.greedy, params, len(self.examples), rng):
+            scored = self._rewards(out, answers[rows], self.prompts[rows])
+            rewards.append(scored[0])
+            first_block = first_block or scored[1:]
+        return (np.concatenate(rewards), *first_block)
 
     def _samples(self, rewards, tokens, first: int) -> list[dict]:
         """The completions already scored, as text: nothing is generated again."""

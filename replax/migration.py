@@ -34,6 +34,7 @@ ADDED_KEYS = {
     # Runs before these wrote no samples.jsonl; their progress off a terminal was silent.
     "eval.num_samples": 0,
     "log.print_every_s": 60.0,
+    "eval.max_rows": 0,
 }
 
 

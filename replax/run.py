@@ -229,6 +229,7 @@ def prepare_data(run: Run) -> Data:
         pass_k=c.eval.pass_k,
         pass_k_prompts=c.eval.pass_k_prompts,
         num_samples=c.eval.num_samples,
+        max_rows=c.eval.max_rows,
         # A sampler of this process's devices alone (disjoint, several processes) decodes
         # one block of a batch; the held-out set is split over every process's trainer.
         mesh=rows_mesh,

@@ -427,12 +427,35 @@ class EvalSection:
     pass_k: int
     pass_k_prompts: int
     num_samples: int
+    # Rows decoded per call (0: all of a kind at once): bounds evaluation's KV cache.
+    max_rows: int = 0
 
     def __post_init__(self):
         positive("eval.every", self.every, allow_zero=True)
         positive("eval.num_prompts", self.num_prompts)
-        for key in ("pass_k", "pass_k_prompts", "num_samples"):
+        for key in ("pass_k", "pass_k_prompts", "num_samples", "max_rows"):
             number(f"eval.{key}", getattr(self, key), low=0, integer=True)
+        if self.max_rows and self.num_prompts > self.max_rows:
+            require(
+                self.num_prompts % self.max_rows == 0,
+                f"eval.max_rows={self.max_rows}: must divide eval.num_prompts="
+                f"{self.num_prompts} (0: decode all rows at once)",
+            )
+        prompts = min(self.pass_k_prompts, self.num_prompts)
+        if self.max_rows and self.pass_k and prompts * self.pass_k > self.max_rows:
+            per_block = self.max_rows // self.pass_k
+            require(
+                self.max_rows % self.pass_k == 0 and per_block and prompts % per_block == 0,
+                f"eval.max_rows={self.max_rows}: must be a multiple of eval.pass_k="
+                f"{self.pass_k} whose prompts divide eval.pass_k_prompts={prompts} "
+                "(0: decode all rows at once)",
+            )
+
+    def blocks(self, prompts: int, rows_per_prompt: int) -> int:
+        """How many calls decode `prompts` x `rows_per_prompt` rows, at most max_rows each."""
+        if not self.max_rows or prompts * rows_per_prompt <= self.max_rows:
+            return 1
+        return prompts * rows_per_prompt // self.max_rows
 
     @property
     def pass_k_rows(self) -> int:

@@ -126,6 +126,9 @@ BAD_SETTINGS = [
     ({"loss.epsilon_low": 1.0}, "loss.epsilon_low"),
     ({"loss.rho_max": 0.0}, "loss.rho_max"),
     ({"eval.pass_k_prompts": -1}, "eval.pass_k_prompts"),
+    # 16 greedy prompts in blocks of 6; pass@2's 16 rows in blocks of 3 (not whole prompts).
+    ({"eval.max_rows": 6}, "eval.max_rows=6: must divide eval.num_prompts=16"),
+    ({"eval.max_rows": 3, "eval.num_prompts": 3}, "eval.max_rows=3: must be a multiple"),
     ({"log_every": 0}, "log_every"),
     ({"seed": -1}, "seed"),
     ({"replay.max_age": -2}, "replay.max_age"),

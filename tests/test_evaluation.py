@@ -77,13 +77,15 @@ class ScriptedSampler:
     def __init__(self, tokenizer, completions):
         self.tokenizer, self.completions, self.calls = tokenizer, completions, []
 
-    def generate(self, params, prompt_ids, prompt_mask, rng, num_samples=1):
+    def generate(self, params, prompt_ids, prompt_mask, rng, num_samples=1, row_block=(0, 1)):
         self.calls.append((np.asarray(prompt_ids), np.asarray(prompt_mask), num_samples))
-        assert len(prompt_ids) * num_samples == len(self.completions)
+        rows = len(prompt_ids) * num_samples
+        assert rows * row_block[1] == len(self.completions)
+        completions = self.completions[row_block[0] * rows : (row_block[0] + 1) * rows]
         width = 4
-        tokens = np.zeros((len(self.completions), width), np.int32)
-        mask = np.zeros((len(self.completions), width), bool)
-        for i, text in enumerate(self.completions):
+        tokens = np.zeros((len(completions), width), np.int32)
+        mask = np.zeros((len(completions), width), bool)
+        for i, text in enumerate(completions):
             ids = self.tokenizer.encode(text) + [self.tokenizer.eos_id]
             tokens[i, : len(ids)], mask[i, : len(ids)] = ids, True
         logprobs = np.where(mask, -(np.arange(len(tokens))[:, None] + 1.0), 0.0)
@@ -162,3 +164,49 @@ def test_evaluate_returns_the_scored_greedy_completions_of_the_first_prompts_as_
         {"index": 1, "prompt": "2+3=", "completion": "6", "reward": 0.0, "answer": "5"},
     ]
     assert len(evaluator.greedy.calls) == 1  # the samples are the evaluation's own rows
+
+
+def test_max_rows_decodes_in_blocks_with_the_samples_of_one_call():
+    # A real (random) policy on 4 devices: blocks of 4 rows reproduce the one call's
+    # greedy completions and temperature-1 samples (row_block draws the whole batch's
+    # random numbers), hence every metric.
+    import jax
+
+    from replax import sharding
+
+    config = model_lib.ModelConfig(
+        vocab_size=TOKENIZER.vocab_size,
+        num_layers=1,
+        d_model=16,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        mlp_dim=32,
+        max_len=12,
+    )
+    params = model_lib.Transformer(config).init(
+        jax.random.key(0), np.zeros((1, 2), np.int32), np.zeros((1, 2), np.int32)
+    )["params"]
+    examples = [Example(f"{a}+{b}=", str(a + b)) for a in range(2) for b in range(4)]
+    mesh = sharding.make_mesh((4, 1, 1), devices=jax.devices()[:4])
+
+    def evaluate(max_rows):
+        evaluator = evaluation.Evaluator(
+            config,
+            TOKENIZER,
+            ArithTask(EASY),
+            examples,
+            max_prompt_len=6,
+            max_new_tokens=6,
+            pass_k=2,
+            pass_k_prompts=8,
+            max_rows=max_rows,
+            mesh=mesh,
+        )
+        return evaluator.evaluate(params, jax.random.key(7))
+
+    (whole, whole_samples), (blocks, block_samples) = evaluate(0), evaluate(4)
+    assert whole.keys() == blocks.keys()
+    for key in whole:
+        assert blocks[key] == pytest.approx(whole[key], abs=1e-6), key
+    assert whole_samples == block_samples
