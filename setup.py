@@ -51,6 +51,8 @@ setuptools.setup(
             "jax[tpu]" + JAX_VERSIONS,
         ],
         "bench": ["flashbax>=0.1.3"],
+        # log.wandb=True: metrics to Weights & Biases (offline by default).
+        "wandb": ["wandb>=0.17"],
         # Viewing a run's tensorboard/ (the run writes it through tensorboardX, installed
         # anyway): `tensorboard --logdir=runs`, and the notebook's %tensorboard.
         "tensorboard": ["tensorboard>=2.14"],

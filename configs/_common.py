@@ -31,6 +31,10 @@ def run_keys(c: ml_collections.ConfigDict, *, total_steps: int, checkpoint_every
     # Off a terminal (a log file, a batch job) a progress line at most this often, and at
     # the last step; 0: every step. A terminal gets a bar, a notebook a tqdm bar.
     c.log.print_every_s = 60.0
+    # Also log to Weights & Biases (pip install -e '.[wandb]'): 'offline' writes
+    # WORKDIR/wandb for `wandb sync`; 'online' sends as it goes.
+    c.log.wandb = False
+    c.log.wandb_mode = "offline"
 
 
 def tokenizer(name: str) -> ml_collections.ConfigDict:

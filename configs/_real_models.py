@@ -8,8 +8,10 @@ A variant is a comma-separated list of at most one part of each kind, in any ord
              buffer of N = 8R (y = B/R = 2, x = N/R = 8), positive-bias sampling;
              onpolicy: N = B = R = 2R_replay (each rollout trained on once), half the
              steps, so both variants generate the same rollouts
-  hardware   host (default): one TPU host (v5e-8, or a Colab TPU), the policy and the
-             optimizer state sharded over all its chips (mesh (1, -1, 1));
+  hardware   host (default): one TPU host (v5e-8), the policy and the optimizer state
+             sharded over all its chips (mesh (1, -1, 1)); chip: one 16 GiB chip (Colab's
+             v5e-1) for the 0.5B / 0.6B models: 32 microbatches, Adam's moments in
+             bfloat16;
              pod: a pod slice, mesh (-1 data, fsdp, 1) with fsdp sized for the model,
              R = 512 (replay) fresh rollouts per step
 e.g. `configs/gsm8k.py:qwen3-0.6b,onpolicy,pod`. Config files load this module by path
@@ -121,10 +123,10 @@ MODELS = {
     "llama-3.2-1b-instruct": Model("meta-llama/Llama-3.2-1B-Instruct", _LLAMA_3_2_1B, 8, 2e-6, 8),
 }
 ALGORITHMS = ("replay", "onpolicy")
-HARDWARE = ("host", "pod")
+HARDWARE = ("host", "chip", "pod")
 DEFAULTS = {"model": "qwen2.5-1.5b-instruct", "algorithm": "replay", "hardware": "host"}
 # Fresh rollouts per step of the replay variant, per hardware.
-_REPLAY_R = {"host": 128, "pod": 512}
+_REPLAY_R = {"host": 128, "chip": 128, "pod": 512}
 # Replay ratio y = B / R and staleness horizon x = N / R of the replay variant.
 REPLAY_Y, REPLAY_X = 2, 8
 
@@ -232,7 +234,8 @@ def get_config(
     variant = parse_variant(arg)
     pod = variant["hardware"] == "pod"
     model = MODELS[variant["model"]]
-    return make_config(
+    chip = variant["hardware"] == "chip"
+    c = make_config(
         task,
         model,
         onpolicy=variant["algorithm"] == "onpolicy",
@@ -241,8 +244,15 @@ def get_config(
         max_prompt_len=max_prompt_len,
         max_new_tokens=max_new_tokens,
         mesh_shape=(-1, model.pod_fsdp, 1) if pod else (1, -1, 1),
-        num_microbatches=4 if pod else 8,
+        num_microbatches={"host": 8, "chip": 32, "pod": 4}[variant["hardware"]],
     )
+    if chip:
+        # One 16 GiB chip (Colab's v5e-1) holds the 0.5B's float32 weights and Adam state
+        # only with the moments in bfloat16, 8 sequences a microbatch and 128-position
+        # log-prob chunks: 13.1 GiB at the train step by the TPU compiler (docs/tpu.md).
+        c.train.logits_chunk_size = 128
+        c.optimizer.state_dtype = "bfloat16"
+    return c
 
 
 def make_config(

@@ -13,7 +13,8 @@ In the replay-vs-on-policy studies (docs/studies.md: x by y sweep, refinements, 
 seeds) positive bias with a large buffer won; N = 4096 at lr 1e-4 ended above N = 1024
 on every seed, at the same inference and cost ratios, and gained 9 points more on this
 run.
-Hardware: 2 CPU cores, or 8 simulated CPU devices (the mesh takes every device).
+Hardware: 2 CPU cores, or 8 simulated CPU devices (the mesh takes every device); its TPU
+target, compiled for by scripts/tpu_compile.py (docs/tpu.md), is a v5e-4 (v5e:2x2).
 Expected: about 3 minutes on 2 free CPU cores, compilation and warm start included (slower
 when other work shares the cores); held-out greedy accuracy up by more than 25 points over
 the warm start.

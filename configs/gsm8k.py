@@ -28,8 +28,12 @@ Variants (comma-separated parts, any order; defaults qwen2.5-1.5b-instruct, repl
   host (default): one TPU host, mesh (1, -1, 1) over its chips (a v5e-8's 16 GB chips
   hold the parameters and Adam state of up to the 1.7B models; the 7B needs a host with
   more memory, e.g. v5p-8 or v6e-8, or `pod`); pod: a pod slice, mesh (-1, fsdp, 1).
+  TPU targets, compiled for by scripts/tpu_compile.py (docs/tpu.md): host on a v5e-8
+  (--topology=v5e:2x4; the 7B on a v5p-8, v5p:2x2x1); chip (the 0.5B on one 16 GiB chip,
+  Colab's v5e-1: 32 microbatches, Adam's moments in bfloat16) on v5e:1x1; pod on a
+  v5e-16 (v5e:4x4; the 7B on a v5p-128, v5p:4x4x4).
 Evaluation: greedy pass@1 on the first 256 test problems and pass@8 on 64, every tenth
-of the run.
+of the run, at most R rows decoded at a time (eval.max_rows).
 
 Memory: the train step accumulates gradients over train.num_microbatches slices of the
 batch (8 on a host, 4 on a pod), keeps the layers under one nn.scan and recomputes each in

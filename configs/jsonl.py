@@ -12,7 +12,8 @@ FN(prompt, completion, answer) -> float, called on the host for each completion 
 exception scores 0 and is counted in metrics.jsonl's cumulative `reward_errors`); empty:
 1.0 when the stripped completion, or its final answer, matches `answer`.
 Hardware and time: as configs/arith.py's for prompts and answers of that size (a few
-minutes on 2 CPU cores for a short file); larger models through --config.model.*.
+minutes on 2 CPU cores for a short file); larger models through --config.model.*. TPU
+target: configs/arith.py's (v5e:2x2).
 Expected: held-out accuracy (mean reward of greedy completions) up from the warm start.
 
   python scripts/train.py --config=configs/jsonl.py --workdir=runs/mine \

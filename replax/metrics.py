@@ -75,12 +75,36 @@ class MetricsWriter:
     grouped train/, eval/, replay/, placement/ (`tensorboard_tag`). A writer
     that is not `enabled` (on processes other than 0) writes nothing."""
 
-    def __init__(self, workdir: str, *, resume_step: int = -1, enabled: bool = True):
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        resume_step: int = -1,
+        enabled: bool = True,
+        wandb_mode: str | None = None,
+        config: dict[str, Any] | None = None,
+    ):
+        """wandb_mode: also log to Weights & Biases ('offline' or 'online'; None: not),
+        the run named by its workdir and given its config."""
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.samples_path = os.path.join(workdir, "samples.jsonl")
-        self._file = self._samples = self._tb = None
+        self._file = self._samples = self._tb = self._wandb = None
         if not enabled:
             return
+        if wandb_mode is not None:
+            import wandb
+
+            # One W&B run per workdir: a resumed run continues it.
+            name = os.path.basename(os.path.abspath(workdir))
+            self._wandb = wandb.init(
+                project="replax",
+                name=name,
+                id=name,
+                resume="allow",
+                dir=workdir,
+                mode=wandb_mode,
+                config=config or {},
+            )
         # A resumed run rewrites history after its checkpoint: drop the records of
         # steps past it, and a last line cut short by a kill, so each file reads as one
         # uninterrupted run.
@@ -108,6 +132,13 @@ class MetricsWriter:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(tensorboard_tag(key), value, step)
+        if self._wandb is not None:
+            scalars = {
+                tensorboard_tag(k): v
+                for k, v in record.items()
+                if k != "step" and isinstance(v, (int, float))
+            }
+            self._wandb.log(scalars, step=int(step))
 
     def write_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
         """One line per sample (prompt, completion, reward, answer, ...) with the step."""
@@ -123,6 +154,8 @@ class MetricsWriter:
         for f in (self._file, self._samples, self._tb):
             if f is not None:
                 f.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
 
 def _markdown_table(samples: list[dict[str, Any]]) -> str:

@@ -35,6 +35,8 @@ ADDED_KEYS = {
     "eval.num_samples": 0,
     "log.print_every_s": 60.0,
     "eval.max_rows": 0,
+    "log.wandb": False,
+    "log.wandb_mode": "offline",
 }
 
 

@@ -469,6 +469,19 @@ class LogSection:
     seconds (0: every step) and at the last step."""
 
     print_every_s: float
+    # Mirror metrics.jsonl to Weights & Biases (the `wandb` extra), in wandb_mode:
+    # 'offline' (files under WORKDIR/wandb, `wandb sync` later) or 'online'.
+    wandb: bool = False
+    wandb_mode: str = "offline"
 
     def __post_init__(self):
         number("log.print_every_s", self.print_every_s, low=0)
+        one_of("log.wandb", self.wandb, (False, True))
+        one_of("log.wandb_mode", self.wandb_mode, ("offline", "online"))
+        if self.wandb:
+            import importlib.util
+
+            require(
+                importlib.util.find_spec("wandb") is not None,
+                "log.wandb=True needs the wandb package: pip install -e '.[wandb]'",
+            )

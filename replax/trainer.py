@@ -165,7 +165,13 @@ def run_loop(
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
     primary = jax.process_index() == 0
-    writer = metrics_lib.MetricsWriter(run.workdir, resume_step=loop.step, enabled=primary)
+    writer = metrics_lib.MetricsWriter(
+        run.workdir,
+        resume_step=loop.step,
+        enabled=primary,
+        wandb_mode=c.log.wandb_mode if c.log.wandb else None,
+        config=c.to_dict(),
+    )
     bar = progress.make_progress(
         c.total_steps, loop.step, print_every_s=c.log.print_every_s, enabled=primary
     )

@@ -240,3 +240,56 @@ def test_a_writer_on_another_process_writes_no_samples(tmp_path):
     writer.write_samples(1, SAMPLES)
     writer.close()
     assert not (tmp_path / "samples.jsonl").exists()
+
+
+class FakeWandb:
+    """Stands in for the wandb package: records init's arguments and logged scalars."""
+
+    def __init__(self):
+        self.inits, self.logged, self.finished = [], [], 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return self
+
+    def log(self, scalars, step):
+        self.logged.append((step, scalars))
+
+    def finish(self):
+        self.finished += 1
+
+
+def test_wandb_mirrors_the_scalars_under_the_grouped_tags(tmp_path, monkeypatch):
+    import sys
+
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    (tmp_path / "run").mkdir()
+    writer = metrics.MetricsWriter(str(tmp_path / "run"), wandb_mode="offline", config={"seed": 3})
+    writer.write(1, {"reward_mean": 0.5, "eval_accuracy": 0.25, "replay_age_mean": 2.0})
+    writer.close()
+    ((init,),) = [fake.inits]
+    assert (init["mode"], init["id"], init["config"]) == ("offline", "run", {"seed": 3})
+    assert init["dir"] == str(tmp_path / "run")
+    assert fake.logged == [
+        (1, {"train/reward_mean": 0.5, "eval/eval_accuracy": 0.25, "replay/replay_age_mean": 2.0})
+    ]
+    assert fake.finished == 1
+    # metrics.jsonl keeps its own keys.
+    assert metrics.read_metrics(str(tmp_path / "run"))[0]["reward_mean"] == 0.5
+
+
+def test_log_wandb_without_the_package_is_a_one_line_config_error(monkeypatch):
+    import importlib.util
+
+    from replax import sections
+    from replax.config_utils import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"log.wandb=True needs the wandb package: pip install"):
+        sections.LogSection(print_every_s=0.0, wandb=True)
+    with pytest.raises(ConfigError, match="log.wandb_mode"):
+        sections.LogSection(print_every_s=0.0, wandb_mode="cloud")
