@@ -44,8 +44,9 @@ Memory: the train step accumulates gradients over train.num_microbatches slices 
 batch (8 on a host, 4 on a pod), keeps the layers under one nn.scan and recomputes each in
 the backward pass (model.remat_policy 'full'), and takes log-probs and entropy 256
 positions at a time (train.logits_chunk_size), so it never holds [B, T, vocab] logits;
-docs/performance.md has ahead-of-time estimates (Qwen2.5-7B, 256 sequences of 2048 tokens a
-step on a v5p-128, 128-position chunks: about 14 GiB a chip).
+docs/tpu.md has the TPU compiler's figures for every program of these configs on their
+targets (Qwen2.5-7B, 256 sequences of 2048 tokens a step on a v5p-128, 128-position
+chunks: 9.6 GiB a chip).
 Expected (estimates, not measured: replax has not yet been run on these models): for
 the default on a v5e-8, about twice a GSM8K step (sequences twice as long), roughly 4
 hours for 500 steps. The starting models' MATH accuracy as their authors report it (own

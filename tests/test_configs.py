@@ -156,7 +156,7 @@ def test_defaults_and_part_order():
     "variant, words",
     [
         ("qwen9-1b", ["'qwen9-1b'", "qwen2.5-0.5b-instruct", "onpolicy", "pod"]),
-        ("replay,tpu", ["'tpu'", "host, pod"]),
+        ("replay,tpu", ["'tpu'", "host, chip, pod"]),
         ("replay,onpolicy", ["two algorithms", "'replay', 'onpolicy'"]),
         ("qwen3-0.6b,qwen3-1.7b", ["two models"]),
     ],

@@ -188,7 +188,7 @@ def output_text_of(cell) -> str:
 
 
 def test_a_bad_setting_stops_the_run_cell_with_one_line(tmp_path, gsm8k_directory, monkeypatch):
-    """The small run that once ended in a long traceback: 8 microbatches of a batch of 4."""
+    """A small run whose microbatches do not divide its batch (once a long traceback)."""
     data, records = gsm8k_directory
     model = tmp_path / "tiny-qwen2"
     write_tiny_bpe_qwen2(model, [r["question"] + "\n" + r["answer"] for r in records])
@@ -196,8 +196,8 @@ def test_a_bad_setting_stops_the_run_cell_with_one_line(tmp_path, gsm8k_director
         "REPLAX_MODEL": str(model),
         "REPLAX_DATA": str(data),
         "REPLAX_WORK": str(tmp_path / "work"),
-        "REPLAX_BATCH_SIZE": "4",
-        "REPLAX_NUM_MICROBATCHES": "8",
+        "REPLAX_BATCH_SIZE": "16",
+        "REPLAX_NUM_MICROBATCHES": "32",
     }.items():
         monkeypatch.setenv(name, value)
     nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -209,5 +209,7 @@ def test_a_bad_setting_stops_the_run_cell_with_one_line(tmp_path, gsm8k_director
             cell = cell_with(nb, text)
             client.execute_cell(cell, nb.cells.index(cell))
         line = stop_line(client, nb, cell_with(nb, "trainer.train("))
-    assert line.startswith("error: train.num_microbatches=8: must divide train.batch_size=4"), line
+    assert line.startswith("error: train.num_microbatches=32: must divide train.batch_size=16"), (
+        line
+    )
     assert not (tmp_path / "work" / "run").exists()

@@ -227,8 +227,11 @@ def test_the_8_device_mesh_shards_parameters_and_matches_one_device(initial_para
             np.testing.assert_allclose(
                 metrics_eight[key], metrics_one[key], rtol=2e-5, atol=1e-6, err_msg=key
             )
+    # The sharded sums run in another order; Adam's m / sqrt(v) magnifies that for a
+    # weight whose gradient is near zero, up to a fraction of the step size (lr 1e-2). A
+    # wrong layout or reduction is off by the order of lr itself.
     jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
         jax.device_get(eight.params),
         jax.device_get(one.params),
     )
