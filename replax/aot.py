@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from replax import decode as decode_lib
+from replax import evaluation, rollouts, sharding
 from replax import flops as flops_lib
-from replax import rollouts, sharding
+from replax import run as run_lib
 from replax import train_step as train_step_lib
 
 GIB = 2**30
@@ -188,32 +189,26 @@ def _fresh_rollouts(run, rows: int) -> tuple:
     }
     rewards = _struct((rows,), jnp.float32, mesh, ("batch",), rules)
     scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=sharding.replicated(mesh))
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(mesh))
     return (
         row(c.max_prompt_len, jnp.int32),
         row(c.max_prompt_len, jnp.bool_),
         completion,
         rewards,
         scalar(jnp.int32),
-        rng,
+        sharding.abstract_key(mesh),
         scalar(jnp.bool_),
         scalar(jnp.int32),
     )
 
 
-def _lower_train_step(run, train_state, batch_size: int | None = None, step=None):
-    step = step or run.train_step
-    batch_sharding = train_step_lib.batch_shardings(
-        run.mesh, run.rules, rollouts.batch_spec(batch_size or run.spec.train.batch_size, 1)
-    )
-    shapes = rollouts.batch_spec(batch_size or run.spec.train.batch_size, run.seq_len)
+def _lower_train_step(run, train_state):
+    shapes = rollouts.batch_spec(run.spec.train.batch_size, run.seq_len)
+    shardings = train_step_lib.batch_shardings(run.mesh, run.rules, shapes)
     batch = {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
-        for k, v in shapes.items()
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in shapes.items()
     }
     with sharding.activation_rules(run.mesh, run.rules):
-        return step.jitted.lower(train_state, batch)
+        return run.train_step.jitted.lower(train_state, batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +237,7 @@ RESIDENT = ("train_state", "replay_store")
 def resident_bytes(run) -> dict[str, int]:
     """Per device: the train state (weights and optimizer state), the replay store, and
     of the train state the weights (the sampler's weight cast reads them)."""
-    train_state, replay_state = _abstract_states(run)
+    train_state, replay_state = run_lib.abstract_states(run)
     return {
         "train_state": device_bytes(train_state),
         "replay_store": device_bytes(replay_state),
@@ -271,7 +266,7 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
     trainer's weights to every host's sampler layout.
     """
     c = run.spec
-    train_state, replay_state = _abstract_states(run)
+    train_state, replay_state = run_lib.abstract_states(run)
     params = train_state.params
     sampler = run.sampler
     eval_mesh = eval_mesh or sampler.mesh
@@ -294,8 +289,6 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
             lambda: sampler.lower(params, c.rollout.prompts_per_step, c.rollout.group_size)
         ),
     }
-    from replax import evaluation
-
     greedy, sample = evaluation.make_samplers(
         run.model_config,
         run.tokenizer,
@@ -319,26 +312,18 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
     return programs
 
 
-def _abstract_states(run):
-    from replax import run as run_lib
-
-    return run_lib.abstract_states(run)
-
-
 def _lower_prepare(sampler, params):
     """The sampler's cast-and-reshard of the weights, from params in the sampler's layout
     and the policy's dtype (where a disjoint copy leaves them, or colocated, where the
     trainer's layout is resharded inside the same program)."""
-    structs = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        params,
-        sampler._params_shardings,
-    )
-    if set(jax.tree_util.tree_leaves(params)[0].sharding.device_set) == set(
-        sampler.mesh.devices.flat
-    ):
-        structs = params  # colocated: from the trainer's own layout
-    return sampler._prepare.lower(structs)
+    source_devices = jax.tree_util.tree_leaves(params)[0].sharding.device_set
+    if source_devices != set(sampler.mesh.devices.flat):  # disjoint: after the copy
+        params = jax.tree_util.tree_map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            params,
+            sampler._params_shardings,
+        )
+    return sampler._prepare.lower(params)
 
 
 def _weight_copy(run, params):

@@ -316,9 +316,7 @@ class Sampler:
         shape = (num_prompts, self.max_prompt_len)
         ids = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._prompt_sharding)
         mask = jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=self._prompt_sharding)
-        key = jax.eval_shape(lambda: jax.random.key(0))
-        rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(self.mesh))
-        return params, ids, mask, rng
+        return params, ids, mask, sharding.abstract_key(self.mesh)
 
     def lower(self, abstract_params, num_prompts: int, num_samples: int = 1, **overrides):
         """The whole decode program `generate` runs (prefill and the token loop) for

@@ -232,6 +232,12 @@ def params_shardings(mesh: Mesh, abstract_variables, rules):
     return nn.logical_to_mesh_sharding(logical, mesh, rules)
 
 
+def abstract_key(mesh: Mesh) -> jax.ShapeDtypeStruct:
+    """A PRNG key as a compiled program takes it, replicated over `mesh`, abstract."""
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(mesh))
+
+
 def abstract_like(tree):
     """ShapeDtypeStructs with the shape, dtype and sharding of each jax.Array in `tree`
     (other leaves pass through): the target that restores a checkpoint, or compiles a
