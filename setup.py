@@ -45,7 +45,7 @@ setuptools.setup(
             "safetensors>=0.4",
             "jinja2>=3.1.6",
             "pyarrow>=14",
-            # libtpu: tests/test_tpu_compile.py compiles for a TPU topology on the CPU. The
+            # libtpu: tests/tools/test_aot.py compiles for a TPU topology on the CPU. The
             # suite runs on the CPU (tests/conftest.py sets JAX_PLATFORMS=cpu); elsewhere
             # this venv's `import jax` tries the TPU first (docs/tpu.md).
             "jax[tpu]" + JAX_VERSIONS,

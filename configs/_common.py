@@ -6,12 +6,12 @@ each function returns one section (or sets the run-wide keys) with the settings 
 configs have in common, and takes as arguments the settings in which they differ. A
 config file sets its own model, tokenizer and task sections. Config files are loaded by
 path (ml_collections loads them so; configs/ is not a package): load this module with
-`replax.config_utils.load_sibling(__file__, "_common.py")`.
+`replax.core.config_utils.load_sibling(__file__, "_common.py")`.
 """
 
 import ml_collections
 
-from replax.sharding import DEFAULT_RULES
+from replax.core.sharding import DEFAULT_RULES
 
 
 def run_keys(c: ml_collections.ConfigDict, *, total_steps: int, checkpoint_every: int) -> None:
@@ -51,7 +51,7 @@ def mesh(shape: tuple[int, int, int]) -> ml_collections.ConfigDict:
     """The device mesh (data, fsdp, tensor); -1 takes the remaining devices."""
     m = ml_collections.ConfigDict()
     m.shape = shape
-    # Logical axis -> mesh axes (replax.sharding.DEFAULT_RULES: batch and buffer over
+    # Logical axis -> mesh axes (replax.core.sharding.DEFAULT_RULES: batch and buffer over
     # data x fsdp, embed over fsdp, heads / mlp / vocab over tensor).
     m.rules = DEFAULT_RULES
     return m
@@ -156,7 +156,7 @@ def replay(*, capacity: int, strategy: str, drop_zero_advantage: bool) -> ml_col
     r.auto_max_y = 8.0
     # How auto mode turns its estimates into (x, y): 'long_run' (J with the buffer noise
     # summed over the steps a rollout lives in: y* = sqrt(mu / (1/f + rho)), f the kept
-    # fraction; replax/auto_replay.py derives it) or 'paper' (the paper's J as written,
+    # fraction; replax/replay/auto.py derives it) or 'paper' (the paper's J as written,
     # which over-reuses on the embedded task: docs/auto_replay.md).
     r.auto_design = "long_run"
     return r

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import ml_collections
 from ml_collections import config_dict
 
-from replax.config_utils import ConfigError, load_sibling
+from replax.core.config_utils import ConfigError, load_sibling
 from replax.tasks import math as math_task
 
 # The RL sections shared with configs/arith.py.

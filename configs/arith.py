@@ -30,7 +30,7 @@ Variants:
 
 import ml_collections
 
-from replax.config_utils import load_sibling, parse_variant
+from replax.core.config_utils import load_sibling, parse_variant
 
 common = load_sibling(__file__, "_common.py")
 

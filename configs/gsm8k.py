@@ -60,7 +60,7 @@ plus --config.task.test_path. The model: a snapshot of the Hub repository, e.g.
       --config.task.data_path=/path/gsm8k
 """
 
-from replax.config_utils import load_sibling
+from replax.core.config_utils import load_sibling
 
 
 def get_config(arg=None):

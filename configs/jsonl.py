@@ -22,7 +22,7 @@ Expected: held-out accuracy (mean reward of greedy completions) up from the warm
 
 import ml_collections
 
-from replax.config_utils import load_sibling
+from replax.core.config_utils import load_sibling
 
 
 def get_config(arg=None):

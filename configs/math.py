@@ -68,7 +68,7 @@ e.g. `hf download Qwen/Qwen2.5-7B-Instruct --local-dir /path/Qwen2.5-7B`.
       --config.task.test_path=/path/math/test.jsonl
 """
 
-from replax.config_utils import load_sibling
+from replax.core.config_utils import load_sibling
 
 
 def get_config(arg=None):

@@ -44,7 +44,7 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from replax.config_utils import load_sibling, parse_variant
+from replax.core.config_utils import load_sibling, parse_variant
 
 VARIANTS = ("replay", "onpolicy")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

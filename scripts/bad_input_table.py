@@ -5,8 +5,8 @@ r"""Runs every bad input as a user would and writes the table of what replax say
 
 Each row is a real run of scripts/train.py (or export.py, evaluate.py) in a subprocess,
 on the tests' 8 simulated CPU devices:
-- settings: every entry of tests/test_configuration.py's BAD_SETTINGS, given as
-  --config.KEY=VALUE flags to configs/arith.py on the micro run of tests/test_trainer.py;
+- settings: every entry of tests/config/test_build.py's BAD_SETTINGS, given as
+  --config.KEY=VALUE flags to configs/arith.py on the micro run of tests/run/test_trainer.py;
 - files, workdirs and checkpoints: the inputs a user gets wrong on the command line.
 The row shows the run's exit status, how many non-empty lines it printed on stderr, what
 became of its workdir (and of export.py's --out) and the last of those lines. A row holds
@@ -48,7 +48,7 @@ def _tests_module(name):
     return module
 
 
-# The micro run of tests/test_trainer.py, two steps.
+# The micro run of tests/run/test_trainer.py, two steps.
 MICRO = [
     *_tests_module("test_trainer").MICRO,
     "--config.total_steps=2",
@@ -324,7 +324,7 @@ def main():
         "",
         f"{len(rows)} bad inputs, each run as a user would run it: scripts/train.py (or",
         "export.py, evaluate.py) in a subprocess on 8 simulated CPU devices; the settings rows are",
-        "tests/test_configuration.py's BAD_SETTINGS given as flags to configs/arith.py's micro",
+        "tests/config/test_build.py's BAD_SETTINGS given as flags to configs/arith.py's micro",
         "run. Each row shows the exit status, the number of non-empty lines on stderr, what",
         "became of the workdir (TMP is the temporary folder of the rows) and the last stderr",
         "line. The contract is exit status 2, one line, and the workdir neither created nor",

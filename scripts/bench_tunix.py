@@ -31,7 +31,7 @@ rollout tokens/s = tokens generated (counted from each side's output) / wall tim
 
 Train step: one GRPO step over `--train_batch` sequences of prompt_len + new_tokens
 tokens, every token valid, AdamW (global-norm clip 1, lr 1e-6) from
-`replax.train_step.make_optimizer` on both sides, KL off. Tunix:
+`replax.rl.train_step.make_optimizer` on both sides, KL off. Tunix:
 `tunix.rl.trainer.Trainer` (the GRPO learner's actor trainer) with
 `algo_core.grpo_loss_fn` bound as `GRPOLearner` binds it, its jitted train step
 (`jit_train_and_eval_step`). Replax: `train_step.make_train_step` with the PPO-clip loss,
@@ -173,7 +173,7 @@ def group_advantages(shape: Shape, seed: int):
 
 
 def optimizer():
-    from replax import train_step as train_step_lib
+    from replax.rl import train_step as train_step_lib
 
     return train_step_lib.make_optimizer(
         train_step_lib.OptimizerConfig(learning_rate=LEARNING_RATE, grad_clip=1.0)
@@ -189,9 +189,9 @@ class Replax:
     def __init__(self, shape: Shape):
         import jax
 
-        from replax import model as model_lib
-        from replax import sampler as sampler_lib
-        from replax import sharding
+        from replax.core import sharding
+        from replax.model import transformer as model_lib
+        from replax.sampling import sampler as sampler_lib
 
         self.shape = shape
         self.config = model_lib.ModelConfig(
@@ -227,8 +227,8 @@ class Replax:
     def build_train(self):
         import jax
 
-        from replax import objectives
-        from replax import train_step as train_step_lib
+        from replax.rl import objectives
+        from replax.rl import train_step as train_step_lib
 
         self.state, state_shardings = train_step_lib.init_train_state(
             self.model, optimizer(), jax.random.key(0), self.mesh, self.rules

@@ -59,12 +59,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from replax import (
-    analysis,  # noqa: E402
-    config_utils,  # noqa: E402
-)
-from replax import experiments as ex  # noqa: E402
-from replax import spec as spec_lib  # noqa: E402
+from replax.config import spec as spec_lib  # noqa: E402
+from replax.core import config_utils
+from replax.tools import analysis
+from replax.tools import experiments as ex  # noqa: E402
 
 REFERENCE = "onpolicy"
 CANDIDATE = "replay"
@@ -130,7 +128,7 @@ def define_flags(values) -> None:
         "mu_model",
         "6",
         "The mu of the cost model: a number, or tpu:CONFIG[:VARIANT]:TOPOLOGY for the modelled "
-        "(roofline) mu of that config on that TPU slice (replax/aot.py).",
+        "(roofline) mu of that config on that TPU slice (replax/tools/aot.py).",
     )
     define(
         "integer", "budget_rollouts", 0, "Generated rollouts per run (0: the on-policy config's)."
@@ -225,7 +223,7 @@ class Plan:
         return os.path.join(self.workdir, "runs", variant, f"lr{lr:g}", f"seed{seed}")
 
     def validate(self):
-        from replax import configuration
+        from replax.config import build as configuration
 
         os.makedirs(os.path.join(self.workdir, "data"), exist_ok=True)
         final_prompts = self.args.final_pass_k_prompts
@@ -600,7 +598,7 @@ def cost_model_mu(text: str) -> tuple[float, str]:
     """(mu, where it comes from) of --mu_model: a number as given (the paper's accelerator
     measurement by default), or tpu:CONFIG:TOPOLOGY's modelled roofline mu, never a
     measurement."""
-    from replax import aot
+    from replax.tools import aot
 
     parsed = aot.parse_mu_model(text)
     if parsed is None:

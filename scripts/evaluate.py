@@ -37,7 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from replax import config_utils  # noqa: E402
+from replax.core import config_utils  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _RUN_CONFIG = os.path.join(_ROOT, "configs", "arith.py")  # train.py's default run
@@ -127,8 +127,8 @@ def _overrides() -> list[str]:
 
 
 def _evaluate_run(workdir: str):
-    from replax import experiments
-    from replax import spec as spec_lib
+    from replax.config import spec as spec_lib
+    from replax.tools import experiments
 
     fixed = [k for k in _overrides() if not k.startswith(_RUN_OVERRIDES)]
     if fixed:
@@ -142,8 +142,9 @@ def _evaluate_run(workdir: str):
 
 
 def _evaluate_directory(checkpoint: str, workdir: str | None):
-    from replax import configuration, experiments
-    from replax import spec as spec_lib
+    from replax.config import build as configuration
+    from replax.config import spec as spec_lib
+    from replax.tools import experiments
 
     if _STEP.value is not None:
         _fail("--step picks a run's checkpoint (--workdir); --checkpoint is one directory")
@@ -175,7 +176,7 @@ def main(argv):
     del argv
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.ERROR)
-    from replax import runtime
+    from replax.run import runtime
 
     checkpoint = _CHECKPOINT.value
     try:  # every check runs before any compute (the run is built, then evaluated)

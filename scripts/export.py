@@ -38,10 +38,12 @@ def main(argv):
         import safetensors.numpy  # noqa: F401
     except ImportError:
         _fail("export writes safetensors, which is not installed: pip install -e '.[hf]'")
-    from replax import checkpoint, hf, hf_config
-    from replax import run as run_lib
-    from replax import spec as spec_lib
-    from replax.config_utils import ConfigError
+    from replax.config import spec as spec_lib
+    from replax.core.config_utils import ConfigError
+    from replax.hf import checkpoint as hf
+    from replax.hf import config as hf_config
+    from replax.run import assemble as run_lib
+    from replax.run import checkpoint
 
     workdir = _WORKDIR.value
     path = os.path.join(workdir, "config.json")

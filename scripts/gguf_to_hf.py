@@ -27,8 +27,8 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
-    from replax import gguf
-    from replax.config_utils import ConfigError
+    from replax.core.config_utils import ConfigError
+    from replax.hf import gguf
 
     try:
         written = gguf.convert(_GGUF.value, _OUT.value, dtype=_DTYPE.value)

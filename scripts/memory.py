@@ -1,6 +1,6 @@
 """Ahead-of-time memory and compile-time figures of the train step, on simulated devices.
 
-Builds `replax.train_step.make_train_step` for a model shape, batch and mesh from abstract
+Builds `replax.rl.train_step.make_train_step` for a model shape, batch and mesh from abstract
 inputs only (ShapeDtypeStructs with NamedShardings: nothing is allocated), lowers and
 compiles it, and prints one JSON object with `compiled.memory_analysis()` per device
 (argument, output, alias, temp, generated code bytes), the compiled HLO's size and the
@@ -116,7 +116,7 @@ def _set_devices(count: int) -> None:
 def model_config(shape: str, *, layers: int, vocab: int, seq: int, tied: bool, **options):
     """A ModelConfig of the preset shape; options (scan_layers, remat_policy, attention,
     dtype) the installed ModelConfig lacks come back in the second value."""
-    from replax import model as model_lib
+    from replax.model import transformer as model_lib
 
     fields = {f.name for f in dataclasses.fields(model_lib.ModelConfig)}
     kwargs = dict(SHAPES[shape], num_layers=layers, vocab_size=vocab, max_len=seq)
@@ -133,7 +133,7 @@ def model_config(shape: str, *, layers: int, vocab: int, seq: int, tied: bool, *
 
 
 def abstract_batch(batch_size: int, seq: int, shardings) -> dict:
-    """ShapeDtypeStructs of a train-step batch (see replax.train_step's docstring)."""
+    """ShapeDtypeStructs of a train-step batch (see replax.rl.train_step's docstring)."""
     import jax
     import jax.numpy as jnp
 
@@ -192,8 +192,9 @@ def compile_step(
 ) -> dict:
     """Lowers and compiles one train step from abstract inputs; returns its figures."""
 
-    from replax import objectives, sharding
-    from replax import train_step as train_step_lib
+    from replax.core import sharding
+    from replax.rl import objectives
+    from replax.rl import train_step as train_step_lib
 
     unsupported = {}
     opt_fields = {f.name for f in dataclasses.fields(train_step_lib.OptimizerConfig)}
@@ -207,7 +208,7 @@ def compile_step(
     mesh = sharding.make_mesh(mesh_shape)
     rules = sharding.validate_rules(sharding.DEFAULT_RULES)
     sharding.check_batch("batch", batch_size, mesh, rules)
-    from replax import model as model_lib
+    from replax.model import transformer as model_lib
 
     model = model_lib.Transformer(config)
     state, state_shardings = _abstract_state(train_step_lib, model, optimizer, mesh, rules)
@@ -295,9 +296,9 @@ def state_bytes_per_chip(config, chips: int) -> int:
     `chips` ways, the others (tensor-parallel only, on a mesh with tensor = 1) are whole."""
     import jax
 
-    from replax import model as model_lib
-    from replax import sharding
-    from replax import train_step as train_step_lib
+    from replax.core import sharding
+    from replax.model import transformer as model_lib
+    from replax.rl import train_step as train_step_lib
 
     optimizer = train_step_lib.make_optimizer(train_step_lib.OptimizerConfig(learning_rate=1e-6))
     mesh = sharding.make_mesh((1, -1, 1))

@@ -64,7 +64,7 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
     import jax
 
-    from replax import metrics, trainer
+    from replax.run import metrics, trainer
 
     config = _CONFIG.value
     for key, value in MICRO.items():

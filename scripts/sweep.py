@@ -39,12 +39,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from replax import (
-    analysis,  # noqa: E402
-    config_utils,  # noqa: E402
-)
-from replax import experiments as ex  # noqa: E402
-from replax import spec as spec_lib  # noqa: E402
+from replax.config import spec as spec_lib  # noqa: E402
+from replax.core import config_utils
+from replax.tools import analysis
+from replax.tools import experiments as ex  # noqa: E402
 
 KEYS = (
     "final_accuracy",
@@ -229,7 +227,7 @@ class Sweep:
 
     def validate(self):
         """Marks cells the trainer rejects as infeasible (with the reason)."""
-        from replax import configuration
+        from replax.config import build as configuration
 
         os.makedirs(os.path.join(self.shared_dir, "data"), exist_ok=True)
         for cell in self.cells:

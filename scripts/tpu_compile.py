@@ -19,7 +19,7 @@ and replay store that stay in memory between programs) against the chip's HBM; F
 bytes accessed by the compiler's cost analysis (a loop's body counted once). Then a
 modelled (roofline, never measured) decode step, prefill and train step time and the
 generation / training cost per rollout, mu, from the model's FLOPs and HBM traffic at
-the chip's peaks (replax/aot.py).
+the chip's peaks (replax/tools/aot.py).
 
 A config whose model weights come from a Hugging Face checkpoint compiles without it:
 the config's architecture keys give the shapes, and without the tokenizer files a
@@ -41,8 +41,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from replax import config_utils  # noqa: E402
-from replax.config_utils import flag_error_line as _one_line  # noqa: E402
+from replax.core import config_utils  # noqa: E402
+from replax.core.config_utils import flag_error_line as _one_line  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFAULT_CONFIG = os.path.join(_ROOT, "configs", "arith.py")
@@ -71,8 +71,9 @@ def _parse(argv):
 def _spec(config):
     """The run spec scripts/train.py would parse; a checkpoint-initialised model without
     its checkpoint starts from a random init (the programs are the same)."""
-    from replax import configuration, experiments
-    from replax import spec as spec_lib
+    from replax.config import build as configuration
+    from replax.config import spec as spec_lib
+    from replax.tools import experiments
 
     if config.model.get("init") == "checkpoint" and not config.model.get("checkpoint"):
         with config.unlocked():
@@ -83,7 +84,8 @@ def _spec(config):
 
 def _tokenizer(spec, model_config):
     """The run's tokenizer, or without its files a stand-in with the model's vocabulary."""
-    from replax import aot, configuration
+    from replax.config import build as configuration
+    from replax.tools import aot
 
     if spec.tokenizer.name == "byte" or spec.tokenizer.path or spec.model.checkpoint:
         return configuration.make_tokenizer(spec.tokenizer, spec.model)
@@ -93,8 +95,9 @@ def _tokenizer(spec, model_config):
 def build(config, topology: str):
     """(target, run, programs) for the config on the topology; ConfigError, ValueError
     or ImportError for bad input, before anything compiles."""
-    from replax import aot, configuration
-    from replax import run as run_lib
+    from replax.config import build as configuration
+    from replax.run import assemble as run_lib
+    from replax.tools import aot
 
     target = aot.target(topology)
     spec = _spec(config)
@@ -149,7 +152,7 @@ def main(argv):
         _fail(f"--config={config_file}: no such file (e.g. --config=configs/arith.py)")
     import jax.numpy as jnp
 
-    from replax import aot
+    from replax.tools import aot
 
     try:
         target, run, programs = build(flags.FLAGS.config, _TOPOLOGY.value)

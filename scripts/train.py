@@ -32,8 +32,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from replax import config_utils  # noqa: E402
-from replax.config_utils import flag_error_line as _one_line  # noqa: E402
+from replax.core import config_utils  # noqa: E402
+from replax.core.config_utils import flag_error_line as _one_line  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFAULT_CONFIG = os.path.join(_ROOT, "configs", "arith.py")
@@ -73,8 +73,11 @@ def main(argv):
         logging.set_verbosity(logging.ERROR)
     import jax
 
-    from replax import configuration, experiments, runtime, sharding, trainer
-    from replax import spec as spec_lib
+    from replax.config import build as configuration
+    from replax.config import spec as spec_lib
+    from replax.core import sharding
+    from replax.run import runtime, trainer
+    from replax.tools import experiments
 
     config_flag = flags.FLAGS["config"].config_filename
     config_file = config_flag.split(":")[0]

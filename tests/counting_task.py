@@ -16,7 +16,7 @@ import sys
 
 import ml_collections
 
-from replax.config_utils import load_module
+from replax.core.config_utils import load_module
 from replax.tasks import Example, Task
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -15,7 +15,7 @@ import os
 
 import ml_collections
 
-from replax.config_utils import load_module
+from replax.core.config_utils import load_module
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_PROMPT_LEN = 16

@@ -16,10 +16,11 @@ import tokenizers
 from absl import flags
 from ml_collections import config_flags
 
-from replax import configuration, experiments
-from replax import model as model_lib
-from replax import spec as spec_lib
-from replax.config_utils import ConfigError
+from replax.config import build as configuration
+from replax.config import spec as spec_lib
+from replax.core.config_utils import ConfigError
+from replax.model import transformer as model_lib
+from replax.tools import experiments
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -263,7 +264,7 @@ def test_the_docstring_table_is_the_config():
 
 @pytest.mark.parametrize("name", ["gsm8k", "math"])
 def test_missing_or_malformed_data_is_one_line_before_any_compute(name, checkpoint, tmp_path):
-    from replax.config_utils import ConfigError
+    from replax.core.config_utils import ConfigError
 
     c = load(name, "qwen2.5-0.5b-instruct")
     c.model.checkpoint = checkpoint

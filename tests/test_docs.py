@@ -77,7 +77,7 @@ def readme_quick_start() -> str:
 
 
 # What makes the quick start tiny here (a test runs it): the micro policy of
-# tests/test_trainer.py, no warm start, 4 steps. Applied to the config as spec.parse sees it,
+# tests/run/test_trainer.py, no warm start, 4 steps. Applied to the config as spec.parse sees it,
 # after the README's own overrides.
 TINY = {
     "model.num_layers": 1,
@@ -103,7 +103,8 @@ TINY = {
 
 
 def test_the_readme_python_quick_start_runs(tmp_path, monkeypatch, capsys):
-    from replax import experiments, spec
+    from replax.config import spec
+    from replax.tools import experiments
 
     code = readme_quick_start()
     assert "spec.parse(" in code and "trainer.train(" in code and "read_metrics(" in code

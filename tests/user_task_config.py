@@ -9,7 +9,7 @@ import sys
 
 import ml_collections
 
-from replax.config_utils import load_module
+from replax.core.config_utils import load_module
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # `user_task:make_task` is imported by name: its directory must be on the path.

@@ -16,7 +16,7 @@ import hashlib
 import random
 import re
 
-from replax.tasks import Example, Task, draw_split
+from replax.tasks.base import Example, Task, draw_split
 
 _OPS = frozenset("+-*")
 _INTEGER = re.compile(r"-?[0-9]+")

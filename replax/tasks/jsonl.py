@@ -22,8 +22,8 @@ import json
 import pathlib
 from collections.abc import Callable
 
-from replax.tasks import Example, Task, load_file
 from replax.tasks.answers import answers_match, extract_answer
+from replax.tasks.base import Example, Task, load_file
 from replax.tasks.math import _in_test
 
 

@@ -21,8 +21,8 @@ import pathlib
 import re
 import threading
 
-from replax.tasks import Example, Task
 from replax.tasks.answers import BOX_COMMANDS, answers_match, extract_answer, extract_gsm8k_answer
+from replax.tasks.base import Example, Task
 from replax.tasks.math_data import is_saved_dataset, read_gsm8k, read_math
 
 _MAX_CHARS = 100_000  # completions are capped by the sampler; this guards odd input
@@ -164,7 +164,7 @@ class MathTask(Task):
     directory's SPLIT.jsonl / SPLIT.parquet / SPLIT-*.parquet, or one file (or Dataset)
     split by a hash of each problem (`test_fraction` of them in test).
     prompt_format: "instruct" (chat template of `tokenizer`, see
-    `replax.tokenizer.format_prompt`), "base" (few-shot, `num_shots` exemplars) or "plain";
+    `replax.text.tokenizer.format_prompt`), "base" (few-shot, `num_shots` exemplars) or "plain";
     None picks "instruct" for a tokenizer with a chat template, "base" for one without,
     "plain" without a tokenizer.
     grader: how answers are compared, "builtin" or "math_verify" (GRADERS).
@@ -288,7 +288,7 @@ class MathTask(Task):
 
     def format_prompt(self, question: str) -> str:
         """The prompt the policy sees for a question, in this task's prompt format."""
-        from replax import tokenizer as tokenizer_lib
+        from replax.text import tokenizer as tokenizer_lib
 
         if self.prompt_format == "plain":
             return question

@@ -15,8 +15,8 @@ from typing import Any
 
 from absl import logging
 
-from replax.tasks import Example
 from replax.tasks.answers import gsm8k_reference, last_boxed
+from replax.tasks.base import Example
 
 
 def is_saved_dataset(path: pathlib.Path) -> bool:

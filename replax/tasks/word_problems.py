@@ -26,7 +26,7 @@ import hashlib
 import random
 from collections.abc import Callable
 
-from replax.tasks import Example, Task, draw_split
+from replax.tasks.base import Example, Task, draw_split
 from replax.tasks.math import gsm8k_reward
 
 PROMPT_FORMATS = ("instruct", "plain")
@@ -235,7 +235,7 @@ class WordProblemTask(Task):
         text = f"{question}\n{self.instruction}" if self.instruction else question
         if self.prompt_format == "plain":
             return text
-        from replax import tokenizer as tokenizer_lib
+        from replax.text import tokenizer as tokenizer_lib
 
         return tokenizer_lib.format_prompt(
             self.tokenizer, text, style="chat", system=self.system_prompt

@@ -3,19 +3,19 @@
 Every new token re-runs the full forward over the whole token buffer (the prompt and every
 slot a completion can fill, P + N - 1 tokens), all in one jitted `lax.while_loop`. It draws
 its tokens with replax's `sample_tokens` from the same uniform numbers as
-`replax.sampler` (one per row and step, drawn up front), so for the same key it generates
+`replax.sampling.sampler` (one per row and step, drawn up front), so for the same key it generates
 what the KV-cache sampler does, up to float rounding in the logits.
 
     generate = make_generate(model_config, max_new_tokens=64, eos_id=1, pad_id=0)
-    out = generate(params, prompt_ids, prompt_mask, rng)  # replax.sampler.SampleOutput
+    out = generate(params, prompt_ids, prompt_mask, rng)  # replax.sampling.sampler.SampleOutput
 """
 
 import jax
 import jax.numpy as jnp
 
-from replax import model as model_lib
-from replax import sampler as sampler_lib
-from replax import sampling as sampling_lib
+from replax.model import transformer as model_lib
+from replax.sampling import distributions as sampling_lib
+from replax.sampling import sampler as sampler_lib
 
 
 def make_generate(

@@ -25,8 +25,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from benchmarks.common import reference_model_config  # noqa: E402  (scripts/benchmarks)
 
-from replax import model as model_lib  # noqa: E402
-from replax import sampler as sampler_lib  # noqa: E402
+from replax.model import transformer as model_lib  # noqa: E402
+from replax.sampling import sampler as sampler_lib  # noqa: E402
 
 
 def main():

@@ -11,7 +11,7 @@ BATCH_SIZES = (8, 64)
 
 
 def reference_model_config():
-    from replax import model as model_lib
+    from replax.model import transformer as model_lib
 
     return model_lib.ModelConfig(
         vocab_size=512,

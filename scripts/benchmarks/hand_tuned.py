@@ -32,7 +32,7 @@ def _plain_sample_tokens(uniform, logits, config):
     import jax
     import jax.numpy as jnp
 
-    from replax import sampling
+    from replax.sampling import distributions as sampling
 
     logits = sampling.sampling_logits(logits, config)
     if config.greedy:
@@ -75,7 +75,10 @@ def _plain_argmax(x):
 
 
 def _patches():
-    from replax import decode, model, replay_pool, sampling
+    from replax.model import transformer as model
+    from replax.replay import pools as replay_pool
+    from replax.sampling import decode
+    from replax.sampling import distributions as sampling
 
     return {
         # The sampler's draw (decode calls sample_tokens) and the replay pool's.
@@ -110,8 +113,8 @@ def _sampler_call(config, batch, new_tokens, temperature):
     import jax.numpy as jnp
     import numpy as np
 
-    from replax import model as model_lib
-    from replax import sampler as sampler_lib
+    from replax.model import transformer as model_lib
+    from replax.sampling import sampler as sampler_lib
 
     dummy = jnp.zeros((1, 1), jnp.int32)
     params = nn.unbox(jax.jit(model_lib.Transformer(config).init)(jax.random.key(0), dummy, dummy))
@@ -156,7 +159,7 @@ def _replay_call():
     import jax.numpy as jnp
     import numpy as np
 
-    from replax import replay as replay_lib
+    from replax.replay import store as replay_lib
 
     items = replay_items(np.random.default_rng(0), REPLAY_BATCH)
     buffer = replay_lib.make_replay_buffer(capacity=4096, strategy="uniform")

@@ -15,7 +15,7 @@ def replay_items(rng, num_items):
     import jax.numpy as jnp
     import numpy as np
 
-    from replax import rollouts
+    from replax.rl import rollouts
 
     def fill(name, spec):
         shape = (num_items, *spec.shape)
@@ -50,7 +50,7 @@ def replay_latencies(capacity: int, items, calls: int) -> tuple[dict, dict]:
     import jax
     import jax.numpy as jnp
 
-    from replax import replay as replay_lib
+    from replax.replay import store as replay_lib
 
     try:
         import flashbax as fbx

@@ -17,7 +17,7 @@ from benchmarks.common import (
 
 def roofline_seconds(config, batch, prompt_len, new_tokens, flops_per_s, bytes_per_s):
     """Ideal time of prefill + (new_tokens - 1) decode steps for a batch."""
-    from replax import flops as flops_lib
+    from replax.model import flops as flops_lib
 
     param_bytes = flops_lib.param_count(config) * 4
     kv_bytes_per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
@@ -79,9 +79,9 @@ def bench_sampler(repeats: int) -> dict:
     import numpy as np
     from baselines import nocache_sampler
 
-    from replax import flops as flops_lib
-    from replax import model as model_lib
-    from replax import sampler as sampler_lib
+    from replax.model import flops as flops_lib
+    from replax.model import transformer as model_lib
+    from replax.sampling import sampler as sampler_lib
 
     probe = _machine_probe()
     config = reference_model_config()
@@ -178,7 +178,7 @@ def _decode_step_candidate_mass(model, params, prompt_ids, prompt_mask, out, sam
     import jax
     import jax.numpy as jnp
 
-    from replax import model as model_lib
+    from replax.model import transformer as model_lib
 
     tokens = jnp.concatenate([prompt_ids, out.tokens], axis=1)  # [R, P + N]
     mask = jnp.concatenate([prompt_mask, jnp.ones(out.tokens.shape, bool)], axis=1)
@@ -200,8 +200,8 @@ def bench_top_p(repeats: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from replax import model as model_lib
-    from replax import sampler as sampler_lib
+    from replax.model import transformer as model_lib
+    from replax.sampling import sampler as sampler_lib
 
     config = dataclasses.replace(
         reference_model_config(),

@@ -7,7 +7,7 @@ loop, scoring that waits task.reward_s seconds a batch (the `placement` benchmar
 
 import os
 
-from replax.config_utils import load_module
+from replax.core.config_utils import load_module
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

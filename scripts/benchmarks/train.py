@@ -24,9 +24,9 @@ def train_batch(config, params, rng):
     import jax.numpy as jnp
     import numpy as np
 
-    from replax import logprobs as logprobs_lib
-    from replax import model as model_lib
-    from replax import objectives
+    from replax.model import logprobs as logprobs_lib
+    from replax.model import transformer as model_lib
+    from replax.rl import objectives
 
     b, p, length = TRAIN_BATCH, TRAIN_PROMPT_LEN, ITEM_LEN
     pad, eos = 0, 1
@@ -70,9 +70,10 @@ def reference_train_step():
     import jax
     import numpy as np
 
-    from replax import model as model_lib
-    from replax import objectives, sharding
-    from replax import train_step as train_step_lib
+    from replax.core import sharding
+    from replax.model import transformer as model_lib
+    from replax.rl import objectives
+    from replax.rl import train_step as train_step_lib
 
     config = dataclasses.replace(reference_model_config(), max_len=ITEM_LEN)
     model = model_lib.Transformer(config)
@@ -103,7 +104,7 @@ def bench_train(repeats: int) -> dict:
     import jax
     import numpy as np
 
-    from replax import flops as flops_lib
+    from replax.model import flops as flops_lib
 
     probe = _machine_probe()
     step, state, batch, config = reference_train_step()

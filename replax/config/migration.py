@@ -1,0 +1,53 @@
+"""A config from an earlier replax, brought up to date: the one home of old defaults.
+
+A workdir's config.json, or a config file written before a setting existed, lacks that
+setting. `migrate` gives it the value that reproduces what such runs did, so that
+`replax.config.spec.parse` reads every config the same way and a run resumes under its old value
+(`replax.run.runtime.check_resume_config`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+# Settings added after runs were made, with the value that reproduces what those runs did.
+ADDED_KEYS = {
+    "model.scan_layers": False,
+    "model.remat_policy": "none",
+    "model.attention": "einsum",
+    "train.num_microbatches": 1,
+    "train.logits_chunk_size": 0,
+    "optimizer.state_dtype": "float32",
+    "rollout.top_p_candidates": 64,
+    "rollout.dtype": "",
+    "rollout.cache_dtype": "",
+    "rollout.mesh_shape": [],
+    "rollout.placement": "colocated",
+    "rollout.num_devices": 0,
+    "rollout.sync_every": 1,
+    "rollout.max_policy_lag": 1,
+    "train.max_steps_per_generation": 1,
+    "task.long_prompts": "error",
+    "loss.positive_weight": 1.0,
+    "loss.cov_clip_frac": 0.0,
+    # Runs before these wrote no samples.jsonl; their progress off a terminal was silent.
+    "eval.num_samples": 0,
+    "log.print_every_s": 60.0,
+    "eval.max_rows": 0,
+    "log.wandb": False,
+    "log.wandb_mode": "offline",
+}
+
+
+def migrate(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a config's plain dict with each ADDED_KEYS setting it lacks set to the old
+    value (its section created if it has none)."""
+    out = copy.deepcopy(config)
+    for key, value in ADDED_KEYS.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, copy.deepcopy(value))
+    return out

@@ -1,0 +1,189 @@
+"""The run spec: a run's ConfigDict read once into frozen sections that check themselves.
+
+`parse(config)` is called once, at the top of a script (or by `replax.run.trainer.train` when
+it is handed a ConfigDict); what flows down to `replax.run.assemble` and the library is the
+`RunSpec`, never the ConfigDict. Its sections (`replax.config.sections`) mirror the config
+files' sections and check their own fields; the run-wide keys sit on RunSpec itself, and
+the rules that span sections are the `validate_*` functions of `replax.config.validation`, run
+when a RunSpec is made. A config from an earlier replax goes through
+`replax.config.migration.migrate` first. Nothing here builds a tokenizer or a task or asks JAX
+for devices: `replax.config.build.build` does that, once, and checks what needs them.
+`RunSpec.to_dict()` is the plain dict the config was: the run's config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from replax.config import validation
+from replax.config.migration import migrate
+from replax.config.sections import (
+    MODEL_RUN_KEYS,
+    TASK_DATA_KEYS,
+    EvalSection,
+    LogSection,
+    LossSection,
+    MeshSection,
+    ModelSection,
+    OptimizerSection,
+    ReplaySection,
+    RolloutSection,
+    TaskSection,
+    TokenizerSection,
+    TrainSection,
+    WarmstartSection,
+)
+from replax.core.config_utils import did_you_mean, number, positive, require
+from replax.rl import train_step as train_step_lib
+
+
+def auto_max_period(auto_max_y: float, rollouts: int, batch_size: int) -> int:
+    """The longest generation period auto mode may plan: steps between generations that
+    keep the replay ratio B x period / R at most auto_max_y (at least 1)."""
+    return max(1, int(auto_max_y * rollouts / batch_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run, checked: the run-wide settings and a section per config section."""
+
+    seed: int
+    total_steps: int
+    total_rollouts: int
+    log_every: int
+    checkpoint_every: int
+    checkpoint_keep: int
+    model: ModelSection
+    tokenizer: TokenizerSection
+    mesh: MeshSection
+    task: TaskSection
+    warmstart: WarmstartSection
+    rollout: RolloutSection
+    train: TrainSection
+    optimizer: OptimizerSection
+    replay: ReplaySection
+    loss: LossSection
+    eval: EvalSection
+    log: LogSection
+
+    def __post_init__(self):
+        for key in ("total_steps", "checkpoint_every"):
+            positive(key, getattr(self, key))
+        positive("total_rollouts", self.total_rollouts, allow_zero=True)
+        number("seed", self.seed, low=0, integer=True)
+        for key in ("log_every", "checkpoint_keep"):
+            number(key, getattr(self, key), low=1, integer=True)
+        validation.validate_spec(self)
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """R = prompts_per_step x group_size fresh rollouts per generating step."""
+        return self.rollout.rollouts
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens of a stored rollout: the prompt (left-padded) and the completion."""
+        return self.rollout.max_prompt_len + self.rollout.max_new_tokens
+
+    @property
+    def auto_max_period(self) -> int:
+        return auto_max_period(
+            self.replay.auto_max_y, self.rollouts_per_step, self.train.batch_size
+        )
+
+    @property
+    def sampler_mesh_shape(self) -> tuple[int, ...]:
+        """The sampler's mesh: rollout.mesh_shape, or when it is empty the training mesh
+        (disjoint: a data-parallel mesh over the sampler's devices)."""
+        if self.rollout.placement == "disjoint":
+            return self.rollout.mesh_shape or (-1, 1, 1)
+        return self.rollout.mesh_shape or self.mesh.shape
+
+    def optimizer_config(self) -> train_step_lib.OptimizerConfig:
+        return self.optimizer.config(total_steps=self.total_steps)
+
+    def train_step_kwargs(self) -> dict[str, Any]:
+        """make_train_step's memory settings."""
+        return dict(
+            num_microbatches=self.train.num_microbatches,
+            logits_chunk_size=self.train.logits_chunk_size,
+            grad_clip=self.optimizer.grad_clip,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict of the config this spec was parsed from (what config.json holds)."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, ModelSection):
+                value = {"init": value.init, "checkpoint": value.checkpoint, **value.architecture}
+            elif isinstance(value, TaskSection):
+                value = value.to_dict()
+            elif dataclasses.is_dataclass(value):
+                value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            out[field.name] = value
+        return out
+
+
+SECTIONS = {
+    "model": ModelSection,
+    "tokenizer": TokenizerSection,
+    "mesh": MeshSection,
+    "task": TaskSection,
+    "warmstart": WarmstartSection,
+    "rollout": RolloutSection,
+    "train": TrainSection,
+    "optimizer": OptimizerSection,
+    "replay": ReplaySection,
+    "loss": LossSection,
+    "eval": EvalSection,
+    "log": LogSection,
+}
+
+
+def _check_keys(section: str, given, names) -> None:
+    """A key the section (or the run-wide keys, section '') does not have, or one it lacks,
+    is one line."""
+    where = f"{section}." if section else ""
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        owner = section or "the run-wide keys"
+        hint = did_you_mean(f"{where}{unknown[0]}", [f"{where}{n}" for n in names])
+        require(
+            False,
+            f"unknown config key {where}{unknown[0]}{hint}: {owner} has {', '.join(names)}",
+        )
+    missing = [k for k in names if k not in given]
+    require(not missing, f"config key {where}{missing[0] if missing else ''} is missing")
+
+
+def _section(name: str, values: Mapping[str, Any]):
+    """A section from its config keys (model.* and task.* keep the keys of the
+    architecture and of the task's factory in one field)."""
+    cls = SECTIONS[name]
+    values = dict(values)
+    if cls is ModelSection:
+        run = {k: values.pop(k) for k in MODEL_RUN_KEYS if k in values}
+        values = {**run, "architecture": values}
+    elif cls is TaskSection:
+        data = {k: values.pop(k) for k in TASK_DATA_KEYS if k in values}
+        values = {**data, "kwargs": values}
+    _check_keys(name, values, [f.name for f in dataclasses.fields(cls)])
+    return cls(**values)
+
+
+def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunSpec:
+    """The checked RunSpec of a ConfigDict (or its plain dict, e.g. a config.json), after
+    `replax.config.migration.migrate`; raises ConfigError, one line naming the key."""
+    values = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+    values = migrate(dict(values))
+    sections = {}
+    for name in SECTIONS:
+        require(isinstance(values.get(name), Mapping), f"config section {name}.* is missing")
+        sections[name] = _section(name, values.pop(name))
+    _check_keys("", values, [f.name for f in dataclasses.fields(RunSpec) if f.name not in SECTIONS])
+    return RunSpec(**values, **sections)

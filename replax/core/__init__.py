@@ -1,0 +1,9 @@
+"""The primitives every other package builds on; imports nothing of replax.
+
+- `sharding`: the device mesh, logical-axis rules and NamedShardings, and the
+  multi-process helpers (process-local rows, cross-process copies and checks).
+- `config_utils`: `ConfigError` (one line, exit 2) and the checks that raise it.
+- `categorical`: exact draws from a categorical distribution (inverse CDF over uniforms).
+
+May import: nothing.
+"""

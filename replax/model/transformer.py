@@ -1,0 +1,415 @@
+"""Decoder-only transformer of the Llama / Qwen2 / Qwen3 family, in Flax linen.
+
+One module serves learning and sampling:
+  * `Transformer.__call__(tokens, positions, mask)` is the full-sequence forward used by
+    the train step (causal attention restricted to valid, i.e. non-padding, keys);
+  * `Transformer.__call__(tokens, positions, cache=..., cache_index=..., kv_mask=...)`
+    is the step forward used by the sampler: it writes the new keys and values into
+    the KV cache at `cache_index` and attends to every valid cache slot up to its own.
+
+Every parameter and the main activations carry logical axis names (batch, length,
+embed, heads, kv_heads, head_dim, mlp, vocab, and layers for scanned params);
+`replax.core.sharding` maps them to mesh axes through a rule table, so sharding is
+configuration, not code.
+
+Layers are unrolled (params `layer_0`, `layer_1`, ...) or, with `scan_layers`, one
+`nn.scan` over a single Block whose params (`layers/...`) carry a leading [num_layers]
+axis: one layer is compiled instead of num_layers. `stack_layers` / `unstack_layers`
+convert params between the two. `remat_policy` recomputes each Block's activations in the
+backward pass; `attention` picks the kernel (`replax.model.attention`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replax.model import attention
+
+# Re-exported: replax.model.transformer stays the one import for the model, its config and RoPE.
+from replax.model.attention import check_attention_backend as check_attention_backend
+from replax.model.attention import rope_inv_freq as rope_inv_freq
+from replax.model.attention import rotary as rotary
+from replax.model.config import DTYPES as DTYPES
+from replax.model.config import REMAT_POLICIES as REMAT_POLICIES
+from replax.model.config import ROPE_TYPES as ROPE_TYPES
+from replax.model.config import ModelConfig as ModelConfig
+
+
+def _param(module: nn.Module, name: str, init, shape, axes, config: ModelConfig):
+    return module.param(
+        name, nn.with_logical_partitioning(init, axes), shape, config.jnp_param_dtype
+    )
+
+
+def _weight(module: nn.Module, name: str, init, shape, axes, config: ModelConfig):
+    """A matmul weight in the compute dtype. When compute is narrower than storage (fp32
+    master weights, bf16 compute) the cast is pinned to the weight's own sharding: it runs
+    on each device's shard inside the layer (the scan body), so the FSDP all-gather moves
+    bf16 and no bf16 copy of the whole model is held."""
+    w = _param(module, name, init, shape, axes, config)
+    if w.dtype == config.jnp_dtype:
+        return w
+    return constrain(w.astype(config.jnp_dtype), axes)
+
+
+# Kept over jnp.tensordot: the train step is 1.6x faster with it on XLA:CPU
+# (scripts/bench.py --only=hand_tuned).
+def dense(x, w, in_dims: int = 1):
+    """x [..., *in] times w [*in, *out] (the last in_dims axes of x contracted with the
+    first in_dims of w) as one 2-D matmul [rows, in] @ [in, out], reshaped back.
+
+    The same contraction written over [B, T, ...] activations makes XLA:CPU transpose the
+    activations for the weight gradient, fused with the elementwise ops that produce them
+    (strided, several times the matmul's own cost); 2-D matmuls keep every operand of the
+    forward and backward pass in its row-major layout.
+    """
+    lead, contracted = x.shape[: x.ndim - in_dims], x.shape[x.ndim - in_dims :]
+    k = math.prod(contracted)
+    y = x.reshape(-1, k) @ w.reshape(k, -1)
+    return y.reshape(*lead, *w.shape[in_dims:])
+
+
+def constrain(x, axes):
+    """Activation sharding by logical axis names; a no-op outside a rules context."""
+    return nn.with_logical_constraint(x, axes)
+
+
+class RMSNorm(nn.Module):
+    config: ModelConfig
+    axis_name: str = "embed"
+
+    @nn.compact
+    def __call__(self, x):
+        dim = x.shape[-1]
+        scale = _param(self, "scale", nn.initializers.ones, (dim,), (self.axis_name,), self.config)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(
+            jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.norm_eps
+        )
+        return (x32 * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with optional q/k/v bias, q/k norm and a KV cache."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
+        # x: [B, T, E]; positions: [B, T]; attn_mask: [B, T, S] (True = may attend), or
+        # for 'splash' the token mask [B, T] of a causal self-attention over this call's
+        # tokens (a full forward, or a prefill from cache slot 0; the kernel is causal).
+        cfg = self.config
+        h, kv, d, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
+        init = nn.initializers.normal(stddev=e**-0.5)
+        wq = _weight(self, "q", init, (e, h, d), ("embed", "heads", "head_dim"), cfg)
+        wk = _weight(self, "k", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wv = _weight(self, "v", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wo = _weight(
+            self,
+            "o",
+            nn.initializers.normal(stddev=(h * d) ** -0.5),
+            (h, d, e),
+            ("heads", "head_dim", "embed"),
+            cfg,
+        )
+        dt = cfg.jnp_dtype
+        q = dense(x, wq.astype(dt))  # [B, T, H, D]
+        k = dense(x, wk.astype(dt))  # [B, T, KV, D]
+        v = dense(x, wv.astype(dt))
+        if cfg.qkv_bias:
+            zeros = nn.initializers.zeros
+            q = q + _param(self, "q_bias", zeros, (h, d), ("heads", "head_dim"), cfg).astype(dt)
+            k = k + _param(self, "k_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg).astype(dt)
+            v = v + _param(self, "v_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg).astype(dt)
+        if cfg.qk_norm:
+            q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
+            k = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
+        inv_freq = rope_inv_freq(cfg)
+        q = rotary(q, positions, inv_freq)
+        k = rotary(k, positions, inv_freq)
+        q = constrain(q, ("batch", "length", "heads", "head_dim"))
+        # Keys and values heads-major, [B, KV, S, D], as the KV cache stores them: both
+        # attention contractions are then batched matmuls over (B, KV) that read the
+        # cache in place (a [B, S, KV, D] cache would be transposed on every step).
+        k = jnp.swapaxes(k, 1, 2)
+        v = jnp.swapaxes(v, 1, 2)
+        fresh_k, fresh_v = k, v  # [B, KV, T, D]: this call's keys and values
+
+        new_cache = None
+        if layer_cache is not None:
+            # Write this call's keys/values at slots [cache_index, cache_index + T) and
+            # attend over the whole cache; the mask hides empty and padding slots.
+            k = jax.lax.dynamic_update_slice(
+                layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, 0, cache_index, 0)
+            )
+            v = jax.lax.dynamic_update_slice(
+                layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, 0, cache_index, 0)
+            )
+            new_cache = {"k": k, "v": v}
+            k, v = k.astype(dt), v.astype(dt)
+
+        if attn_mask.ndim == 2:  # 'splash': causal over this call's own tokens
+            # Off a TPU (a run's checks refuse it there; shapes traced without a mesh, a
+            # test) the kernel runs in the Pallas interpreter.
+            interpret = attention.target_platform() != "tpu"
+            out = attention.splash_attention(q, fresh_k, fresh_v, attn_mask, interpret=interpret)
+        elif cfg.attention == "einsum":
+            out = attention.einsum_attention(q, k, v, attn_mask)  # [B, T, H, D]
+        else:
+            out = attention.dot_product_attention(q, k, v, attn_mask)
+        out = dense(out, wo.astype(dt), in_dims=2)  # [B, T, E]
+        return out, new_cache
+
+
+# Kept over plain autodiff: one [B, T, mlp] activation a layer less in the backward pass
+# (tests/model/test_transformer.py checks the bytes), and a step 2-5% faster.
+@jax.custom_vjp
+def swiglu(gate, up):
+    """silu(gate) * up, differentiated by hand: the backward pass keeps only gate and up
+    (recomputing the sigmoid), so the forward is one elementwise pass instead of three
+    that each store an intermediate [B, T, mlp] array for the backward."""
+    return jax.nn.silu(gate) * up
+
+
+def _swiglu_forward(gate, up):
+    return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_backward(residuals, grad):
+    gate, up = residuals
+    sigmoid = jax.nn.sigmoid(gate)
+    # d silu(g) / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
+    return grad * up * sigmoid * (1 + gate * (1 - sigmoid)), grad * gate * sigmoid
+
+
+swiglu.defvjp(_swiglu_forward, _swiglu_backward)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
+        gate = _weight(self, "gate", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
+        up = _weight(self, "up", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
+        down = _weight(
+            self,
+            "down",
+            nn.initializers.normal(stddev=cfg.mlp_dim**-0.5),
+            (cfg.mlp_dim, cfg.d_model),
+            ("mlp", "embed"),
+            cfg,
+        )
+        dt = cfg.jnp_dtype
+        hidden = swiglu(dense(x, gate.astype(dt)), dense(x, up.astype(dt)))
+        hidden = constrain(hidden, ("batch", "length", "mlp"))
+        return dense(hidden, down.astype(dt))
+
+
+class Block(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
+        attn_out, new_cache = Attention(self.config, name="attn")(
+            RMSNorm(self.config, name="attn_norm")(x),
+            positions,
+            attn_mask,
+            layer_cache,
+            cache_index,
+        )
+        x = constrain(x + attn_out, ("batch", "length", "embed"))
+        x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="mlp_norm")(x))
+        return constrain(x, ("batch", "length", "embed")), new_cache
+
+
+class Transformer(nn.Module):
+    """The policy. Returns fp32 logits [B, T, V] (and the updated cache when given one)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens,
+        positions,
+        mask=None,
+        *,
+        cache=None,
+        cache_index=None,
+        kv_mask=None,
+        return_hidden=False,
+    ):
+        # tokens, positions: [B, T] int32. Full forward: mask [B, T] marks valid tokens.
+        # Step forward: cache (see init_cache), cache_index scalar int32 (first slot
+        # written), kv_mask [B, S] marks valid cache slots (False for prompt padding).
+        # return_hidden: return the final-normed states [B, T, E] (compute dtype) in
+        # place of the logits; `dense(hidden, output_head(params, config))` gives them.
+        cfg = self.config
+        b, t = tokens.shape
+        embedding = _param(
+            self,
+            "embedding",
+            # d^-1/2: with a tied head, logits of a unit-RMS final state start at O(1)
+            # rather than O(sqrt(d)), so the initial policy is not already peaked.
+            nn.initializers.normal(stddev=cfg.d_model**-0.5),
+            (cfg.vocab_size, cfg.d_model),
+            ("vocab", "embed"),
+            cfg,
+        )
+        x = jnp.take(embedding, tokens, axis=0).astype(cfg.jnp_dtype)
+        x = constrain(x, ("batch", "length", "embed"))
+
+        if cache is None:
+            if mask is None:
+                mask = jnp.ones((b, t), dtype=bool)
+            if cfg.attention == "splash":
+                attn_mask = mask  # [B, T]: the kernel applies the causal mask itself
+            else:
+                causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+                attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+        elif cfg.attention == "splash" and isinstance(cache_index, int) and cache_index == 0:
+            # A prefill: the cache holds nothing before slot 0, so attending over it is
+            # the causal self-attention of the T prompt tokens, which the kernel does.
+            attn_mask = kv_mask[:, :t]  # [B, T]
+        else:
+            s = jax.tree_util.tree_leaves(cache)[0].shape[-2]
+            query_slot = cache_index + jnp.arange(t)  # [T]
+            causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # [T, S]
+            attn_mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
+
+        block = Block
+        if cfg.remat_policy != "none":
+            # Under scan the loop already keeps XLA from merging the recomputation with
+            # the forward pass, so the CSE barrier is needed only for unrolled layers.
+            block = nn.remat(
+                Block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers
+            )
+        if cfg.scan_layers:
+            # x is the carry; the cache ({'k', 'v'} of [L, B, KV, S, D]) is scanned over
+            # with the params, and the updated one comes back stacked the same way.
+            layers = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, new_cache = layers(cfg, name="layers")(x, positions, attn_mask, cache, cache_index)
+        else:
+            new_cache = []
+            for i in range(cfg.num_layers):
+                x, layer_cache = block(cfg, name=f"layer_{i}")(
+                    x, positions, attn_mask, None if cache is None else cache[i], cache_index
+                )
+                new_cache.append(layer_cache)
+        x = RMSNorm(cfg, name="final_norm")(x)  # [B, T, E]
+        if cfg.tie_embeddings:
+            head_params = {"embedding": embedding}
+        else:
+            head_params = {
+                "lm_head": _param(
+                    self,
+                    "lm_head",
+                    nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                    (cfg.d_model, cfg.vocab_size),
+                    ("embed", "vocab"),
+                    cfg,
+                )
+            }
+        if return_hidden:
+            out = x
+        else:
+            head = output_head(head_params, cfg)  # [E, V]
+            out = constrain(dense(x, head).astype(jnp.float32), ("batch", "length", "vocab"))
+        if cache is None:
+            return out
+        return out, new_cache
+
+
+def output_head(params, config: ModelConfig) -> jax.Array:
+    """The output projection [E, V] in the compute dtype: the tied embedding transposed,
+    or lm_head. params: the model's 'params' collection. Logits are
+    `dense(hidden, output_head(params, config)).astype(float32)`."""
+    if config.tie_embeddings:
+        return params["embedding"].astype(config.jnp_dtype).T
+    return params["lm_head"].astype(config.jnp_dtype)
+
+
+def init_cache(
+    config: ModelConfig, batch_size: int, cache_len: int | None = None, dtype: Any = None
+) -> list[dict[str, jax.Array]] | dict[str, jax.Array]:
+    """Zeroed KV cache, heads-major: one {'k', 'v'} of [B, KV, S, D] per layer, or with
+    scan_layers a single {'k', 'v'} of [L, B, KV, S, D]. Either way the length axis is
+    -2 and the batch axis -4 of every leaf."""
+    cache_len = cache_len or config.max_len
+    if cache_len > config.max_len:
+        raise ValueError(f"cache length {cache_len} exceeds model.max_len={config.max_len}")
+    shape = (batch_size, config.num_kv_heads, cache_len, config.head_dim)
+    dtype = dtype or config.jnp_dtype
+    if config.scan_layers:
+        shape = (config.num_layers, *shape)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    return [
+        {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+        for _ in range(config.num_layers)
+    ]
+
+
+CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")
+
+
+def cache_axes(config: ModelConfig) -> tuple[str, ...]:
+    """Logical axes of every leaf of `init_cache(config, ...)`."""
+    return ("layers", *CACHE_AXES) if config.scan_layers else CACHE_AXES
+
+
+def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """Unrolled params (`layer_0` ... `layer_{L-1}`) -> scanned params: one `layers`
+    subtree whose leaves stack the layers' on a leading [L] axis. Other entries are kept.
+    Leaves may be numpy or jax arrays (numpy leaves stay numpy)."""
+    names = [f"layer_{i}" for i in range(num_layers)]
+    missing = [n for n in names if n not in params]
+    if missing or f"layer_{num_layers}" in params:
+        raise ValueError(f"params do not hold exactly layers layer_0..layer_{num_layers - 1}")
+
+    def stack(*xs):
+        return np.stack(xs) if all(isinstance(x, np.ndarray) for x in xs) else jnp.stack(xs)
+
+    rest = {k: v for k, v in params.items() if k not in names}
+    return {**rest, "layers": jax.tree_util.tree_map(stack, *[params[n] for n in names])}
+
+
+def unstack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The inverse of `stack_layers`: `layers` leaves [L, ...] -> `layer_i` leaves [...]."""
+    if "layers" not in params:
+        raise ValueError("params have no 'layers' entry (are they scanned params?)")
+    for path, x in jax.tree_util.tree_leaves_with_path(params["layers"]):
+        if x.shape[:1] != (num_layers,):
+            key = "/".join(str(getattr(k, "key", k)) for k in path)
+            raise ValueError(
+                f"layers/{key} has shape {list(x.shape)}: expected [{num_layers}, ...]"
+            )
+    rest = {k: v for k, v in params.items() if k != "layers"}
+    layers = {
+        f"layer_{i}": jax.tree_util.tree_map(lambda x, i=i: x[i], params["layers"])
+        for i in range(num_layers)
+    }
+    return {**rest, **layers}
+
+
+def positions_from_mask(mask):
+    """Positions for a left-padded batch: 0 at each row's first valid token. mask: [B, T]."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)

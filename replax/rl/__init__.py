@@ -1,0 +1,13 @@
+"""The RL algorithm: rollouts in, one optimizer step out.
+
+- `rollouts`: generate a step's rollouts, score them (the task's reward), group-normalise
+  advantages.
+- `objectives`: the per-token losses (clipped surrogate with the off-policy correction,
+  KL, entropy) and the covariance-based entropy controls.
+- `gradients`: the loss and its gradient over microbatches (log-probs chunked).
+- `train_step`: the compiled, sharded optimizer step.
+- `placement`: colocated or disjoint sampler and trainer devices, and the weight copy.
+- `evaluation`: greedy accuracy and pass@k on held-out prompts.
+
+May import: core, text, tasks, model, sampling, replay.
+"""

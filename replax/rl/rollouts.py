@@ -1,0 +1,388 @@
+"""The stored rollout: its layout, how fresh completions become one, and the jitted
+add-and-sample that feeds the train step.
+
+A rollout is stored as one row of fixed length L = P + T (P prompt tokens, left-padded;
+T completion tokens, padded after the stop token), so that the train step reads it back
+with the log-probs of each completion token aligned to the token itself:
+
+  tokens              int32[L]    prompt + completion
+  attention_mask      bool[L]     real tokens of either
+  loss_mask           float32[L]  1 on completion tokens (those trained on)
+  behaviour_logprobs  float32[L]  log-prob of each completion token under the policy
+                                  that sampled it (0 on the prompt)
+  reward, advantage, baseline  float32[]  frozen at generation (group advantages)
+
+`rollout_spec` is that layout as ShapeDtypeStructs, the one definition the replay store,
+the train step's batch and the benchmark are built from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from replax.core import sharding
+from replax.replay import store as replay_lib
+from replax.rl import evaluation, objectives
+
+# Per-rollout fields the sampler adds to a stored rollout when it is drawn for training:
+# the replay strategy's importance weight, its age in steps and how often it was drawn.
+SAMPLE_FIELDS = {"importance_weights": jnp.float32, "age": jnp.int32, "times_sampled": jnp.int32}
+
+
+def rollout_spec(seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """One stored rollout of seq_len = P + T tokens, as ShapeDtypeStructs."""
+    row = lambda dtype: jax.ShapeDtypeStruct((seq_len,), dtype)
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    return {
+        "tokens": row(jnp.int32),
+        "attention_mask": row(jnp.bool_),
+        "loss_mask": row(jnp.float32),
+        "behaviour_logprobs": row(jnp.float32),
+        "reward": scalar,
+        "advantage": scalar,
+        "baseline": scalar,
+    }
+
+
+def batch_spec(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """A training batch: B stored rollouts plus the sampler's fields."""
+    rows = {
+        **rollout_spec(seq_len),
+        **{k: jax.ShapeDtypeStruct((), t) for k, t in SAMPLE_FIELDS.items()},
+    }
+    return {k: jax.ShapeDtypeStruct((batch_size, *v.shape), v.dtype) for k, v in rows.items()}
+
+
+@dataclasses.dataclass
+class Fresh:
+    """One step's completions, scored: R = prompts x G rows. With several processes the
+    arrays are global, each process holding (and having scored) its own rows."""
+
+    prompt_ids: Any  # int32[R, P]
+    prompt_mask: Any  # bool[R, P]
+    completion: dict[str, Any]  # tokens int32[R, T], mask bool[R, T], logprobs f32[R, T]
+    rewards: Any  # float32[R]
+    reward_mean: float | None  # over all R; None: nothing generated
+    reward_errors: int  # reward functions that raised, on all processes
+    lengths: np.ndarray | None  # int[R] completion lengths, all of them; None: nothing generated
+    # The FRESH_KEYS statistics of the completions (each None: nothing generated).
+    diagnostics: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(FRESH_KEYS)
+    )
+
+
+# What a generating step reports of its fresh completions (`completion_stats`).
+FRESH_KEYS = (
+    "completion_len_mean",
+    "completion_len_max",
+    "truncated_frac",
+    "reward_std",
+    "zero_spread_groups_frac",
+)
+
+
+def truncated_rows(tokens: np.ndarray, lengths: np.ndarray, stop_ids) -> np.ndarray:
+    """bool[R]: completions (tokens int[R, T], lengths int[R]) cut at T = max_new_tokens.
+    The sampler keeps the first stop token in the completion and pads after it, so a row
+    stopped unless it holds all T tokens and the last of them is no stop token."""
+    last_is_stop = np.isin(tokens[:, -1], np.asarray(stop_ids))
+    return (lengths == tokens.shape[1]) & ~last_is_stop
+
+
+def completion_stats(rewards: np.ndarray, lengths: np.ndarray, truncated: int, group_size: int):
+    """The FRESH_KEYS of R = prompts x G completions: rewards float32[R] and lengths
+    int[R] of all of them, `truncated` of them cut at max_new_tokens. A group whose G
+    rewards are all equal has zero advantage: no signal for the policy."""
+    groups = rewards.reshape(-1, group_size)
+    return {
+        "completion_len_mean": float(lengths.mean()),
+        "completion_len_max": int(lengths.max()),
+        "truncated_frac": truncated / len(lengths),
+        "reward_std": float(rewards.std()),
+        "zero_spread_groups_frac": float(np.mean(np.ptp(groups, axis=1) == 0)),
+    }
+
+
+def _all_processes(rows: jax.sharding.NamedSharding | None, *local):
+    """Every process's block of each host array of rows, in block order (the arrays
+    themselves with one process)."""
+    if rows is None or jax.process_count() == 1:
+        return [np.asarray(x) for x in local]
+    return _blocks_in_order(sharding.process_block(rows)[0], *local)
+
+
+def _blocks_in_order(block: int, *local):
+    """Every process's rows of each `local` array (this one's the block-th block), in
+    block order; the block order is exchanged once for all of them."""
+    order = np.argsort(multihost_utils.process_allgather(np.int32(block)))
+    gathered = (multihost_utils.process_allgather(np.asarray(x)) for x in local)
+    return [np.concatenate(list(blocks[order])) for blocks in gathered]  # [processes, b, ...]
+
+
+def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Fresh:
+    """G completions of each prompt of a batch (prompt_ids, prompt_mask, answer) with the
+    jitted sampler, scored by the task on the host: the step's one round trip.
+
+    Each prompt is prefilled once and its G rows decoded from that cache. With several
+    processes, `prompts` is this process's block of the global batch (`process_rows` of
+    the sampler's batch sharding): every process passes the sampler all prompts, and
+    scores the completions its devices hold. The three phases are apart so that disjoint
+    placement decodes and scores in a thread of its own while only the training thread
+    exchanges values between processes (`gather_prompts`, `finish`)."""
+    prompts = gather_prompts(sampler, prompts)
+    return finish(decode_and_score(sampler, task, tokenizer, group_size, params, prompts, rng))
+
+
+@dataclasses.dataclass
+class Scored:
+    """A generation decoded and scored on this host, before the exchange between
+    processes that makes it Fresh."""
+
+    prompt_ids: np.ndarray  # [B, P]: every process's prompts, or this process's (local)
+    prompt_mask: np.ndarray
+    out: Any  # SampleOutput, [B x G, ...]
+    rewards: np.ndarray  # float32 of this process's rows
+    errors: int  # reward functions that raised, this process's
+    truncated: int  # this process's rows cut at max_new_tokens
+    group_size: int
+    rows: jax.sharding.NamedSharding | None  # the sampler's row sharding (None: no mesh)
+    table: jax.sharding.NamedSharding | None  # the same for [rows, ...] tables
+    local: bool  # decoded on this process's devices alone (`process_local`)
+    block: tuple[int, int]  # local: (i, n), these rows are the i-th of n blocks
+
+
+def process_local(sampler) -> bool:
+    """Whether the sampler's mesh is this process's devices alone while other processes
+    run: disjoint placement on several processes, each decoding its block by itself."""
+    return (
+        jax.process_count() > 1
+        and sampler.mesh is not None
+        and all(d.process_index == jax.process_index() for d in sampler.mesh.devices.flat)
+    )
+
+
+def gather_prompts(sampler, prompts, block=(0, 1)):
+    """The prompts the sampler decodes: every process's block in block order (a host
+    exchange) when its mesh spans processes; this process's own, with its `row_block`,
+    when the mesh is its devices alone (`block` (i, n): its block of the batch)."""
+    if process_local(sampler):
+        return {**prompts, "row_block": block}
+    rows = None if sampler.mesh is None else sharding.named(sampler.mesh, ("batch",), sampler.rules)
+    # [B, P], all processes'
+    ids, mask = _all_processes(rows, prompts["prompt_ids"], prompts["prompt_mask"])
+    local_count = len(prompts["prompt_ids"])
+    return {**prompts, "prompt_ids": ids, "prompt_mask": mask, "local_count": local_count}
+
+
+def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Scored:
+    """Decodes the prompts of `gather_prompts` and scores this process's rows; no value
+    crosses processes here."""
+    local = process_local(sampler)
+    rows = table = None
+    if sampler.mesh is not None:
+        rows = sharding.named(sampler.mesh, ("batch",), sampler.rules)
+        table = sharding.named(sampler.mesh, ("batch", None), sampler.rules)
+    block = prompts.get("row_block", (0, 1))
+    prompt_ids, prompt_mask = prompts["prompt_ids"], prompts["prompt_mask"]
+    r = len(prompt_ids) * group_size
+    if rows is not None and jax.process_count() > 1 and not local:
+        mine = sharding.process_rows(rows, (r,))
+        if mine.stop - mine.start != prompts["local_count"] * group_size:
+            raise ValueError(
+                f"sampler mesh {dict(sampler.mesh.shape)}: this process holds rows {mine} "
+                f"of {r}, not the completions of its {prompts['local_count']} prompts: "
+                "allowed are sampler meshes that split rows over processes as training does"
+            )
+    out = sampler.generate(
+        params,
+        prompt_ids,
+        prompt_mask,
+        rng,
+        num_samples=group_size,
+        row_block=block,
+    )
+    answers = np.repeat(prompts["answer"], group_size)
+    texts = prompts.get("prompt_text")
+    texts = None if texts is None else np.repeat(texts, group_size)
+    tokens = sharding.local_rows(out.tokens)  # [rows of this process, T]
+    rewards, errors = evaluation.score(task, tokenizer, tokens, answers, texts)
+    cut = truncated_rows(tokens, sharding.local_rows(out.lengths), sampler.stop_ids)
+    return Scored(
+        np.asarray(prompt_ids),
+        np.asarray(prompt_mask),
+        out,
+        rewards,
+        int(errors),
+        int(cut.sum()),
+        group_size,
+        rows,
+        table,
+        local,
+        block,
+    )
+
+
+def finish(scored: Scored) -> Fresh:
+    """The Fresh rollouts of a Scored generation: the counts and statistics over every
+    process (host exchanges). Local (`process_local`): the arrays are this process's rows
+    (on its host, completions on its sampler devices), for the trainer to lay out."""
+    g, out = scored.group_size, scored.out
+    # Both counts in one exchange between processes.
+    errors, truncated = sharding.sum_over_processes(np.array([scored.errors, scored.truncated]))
+    repeat = lambda x: np.repeat(x, g, axis=0)  # each prompt's G rows, laid out as theirs
+    completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
+    if scored.local:
+        rewards = scored.rewards
+        prompt_ids, prompt_mask = repeat(scored.prompt_ids), repeat(scored.prompt_mask)
+        all_rewards, lengths = _blocks_in_order(scored.block[0], rewards, np.asarray(out.lengths))
+    else:
+        r = len(scored.prompt_ids) * g
+        rewards = sharding.global_batch(scored.rewards, scored.rows, r)
+        prompt_ids = sharding.global_from_whole(repeat(scored.prompt_ids), scored.table)
+        prompt_mask = sharding.global_from_whole(repeat(scored.prompt_mask), scored.table)
+        all_rewards, lengths = sharding.to_host(rewards), sharding.to_host(out.lengths)
+    return Fresh(
+        prompt_ids,
+        prompt_mask,
+        completion,
+        rewards,
+        float(all_rewards.mean()),
+        int(errors),
+        lengths,
+        completion_stats(all_rewards, lengths, int(truncated), g),
+    )
+
+
+def nothing_generated(r: int, prompt_len: int, new_tokens: int, mesh=None, rules=None) -> Fresh:
+    """Zeros of a generating step's shapes: what a step without generation feeds
+    add_and_sample, which stores none of it (global arrays on a mesh of several
+    processes)."""
+
+    def zeros(shape, dtype):
+        whole = np.zeros(shape, dtype)
+        if mesh is None:
+            return whole
+        axes = ("batch",) + (None,) * (len(shape) - 1)
+        return sharding.global_from_whole(whole, sharding.named(mesh, axes, rules))
+
+    completion = {
+        "tokens": zeros((r, new_tokens), np.int32),
+        "mask": zeros((r, new_tokens), bool),
+        "logprobs": zeros((r, new_tokens), np.float32),
+    }
+    prompt_ids, prompt_mask = zeros((r, prompt_len), np.int32), zeros((r, prompt_len), bool)
+    return Fresh(prompt_ids, prompt_mask, completion, zeros((r,), np.float32), None, 0, None)
+
+
+def make_rollouts(
+    prompt_ids, prompt_mask, completion, rewards, *, group_size: int, normalize_std: bool
+):
+    """Stored rollouts of R fresh completions, their advantages frozen.
+
+    prompt_ids int32[R, P], prompt_mask bool[R, P]: the prompts, each repeated G times
+    in a row; completion: tokens int32[R, T], mask bool[R, T], logprobs float32[R, T];
+    rewards float32[R]. Returns a dict of the `rollout_spec` fields with leading R.
+    """
+    zeros = jnp.zeros(prompt_ids.shape, jnp.float32)
+    completion_mask = completion["mask"]
+    advantage, baseline = objectives.group_advantages(
+        rewards, group_size, normalize_std=normalize_std
+    )
+    return {
+        "tokens": jnp.concatenate([prompt_ids, completion["tokens"]], axis=1),
+        "attention_mask": jnp.concatenate([prompt_mask, completion_mask], axis=1),
+        "loss_mask": jnp.concatenate([zeros, completion_mask.astype(jnp.float32)], axis=1),
+        "behaviour_logprobs": jnp.concatenate(
+            [zeros, jnp.where(completion_mask, completion["logprobs"], 0.0)], axis=1
+        ),
+        "reward": rewards,
+        "advantage": advantage,
+        "baseline": baseline,
+    }
+
+
+def rollout_entropy(completion):
+    """float32[]: the mean per-token entropy of the sampling distribution over R fresh
+    completions (mask bool[R, T], logprobs float32[R, T]), estimated as the held-out
+    `entropy` is (replax.rl.evaluation): minus the mean behaviour log-prob of the sampled
+    completion tokens, all R rows' tokens weighing alike. 0 with no completion tokens."""
+    mask = completion["mask"]
+    total = jnp.sum(jnp.where(mask, completion["logprobs"], 0.0))
+    return -total / jnp.maximum(jnp.sum(mask), 1)
+
+
+def make_add_and_sample(
+    buffer: replay_lib.ReplayBuffer,
+    *,
+    group_size: int,
+    batch_size: int,
+    normalize_std: bool,
+    drop_zero_advantage: bool,
+) -> Callable:
+    """The device half of a step after scoring, to be jitted with the replay state
+    donated: freeze advantages, add the fresh rollouts to the store, sample a batch.
+
+    add_and_sample(replay_state, prompt_ids, prompt_mask, completion, rewards, step, rng,
+    generated, max_age, version=None) -> (replay_state, batch, stats); stats: replay_size,
+    rollouts_kept and rollout_entropy (`rollout_entropy` of the fresh completions, all of
+    them, stored or not; meaningless on a step that did not generate). generated (bool[]):
+    whether this step generated; a step that did not stores nothing (its inputs are
+    placeholders of the same shapes). max_age (int32[]): items older than this many steps
+    are not drawn. version (int32[]; None: step): the train step of the policy that
+    generated the fresh rollouts, stored as their step (their age counts from it).
+    """
+
+    def add_and_sample(
+        replay_state,
+        prompt_ids,
+        prompt_mask,
+        completion,
+        rewards,
+        step,
+        rng,
+        generated,
+        max_age,
+        version=None,
+    ):
+        # FRESH ROLLOUTS, advantages frozen at generation.
+        items = make_rollouts(
+            prompt_ids,
+            prompt_mask,
+            completion,
+            rewards,
+            group_size=group_size,
+            normalize_std=normalize_std,
+        )
+        # WHAT ENTERS THE STORE: groups whose rewards all agree carry no signal.
+        keep = jnp.broadcast_to(generated, rewards.shape)
+        if drop_zero_advantage:
+            spread = jnp.ptp(rewards.reshape(-1, group_size), axis=1) > 0
+            keep = keep & jnp.repeat(spread, group_size)
+        # ADD, THEN SAMPLE THE TRAINING BATCH.
+        replay_state = buffer.add(
+            replay_state, items, step if version is None else version, keep=keep
+        )
+        replay_state, sampled, info = buffer.sample(
+            replay_state, rng, batch_size, step, max_age=max_age
+        )
+        batch = {
+            **sampled,
+            "importance_weights": info.importance_weights,
+            "age": info.age,
+            "times_sampled": info.times_sampled,
+        }
+        stats = {
+            "replay_size": jnp.sum(replay_state.count),
+            "rollouts_kept": jnp.sum(keep),
+            "rollout_entropy": rollout_entropy(completion),
+        }
+        return replay_state, batch, stats
+
+    return add_and_sample

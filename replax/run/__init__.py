@@ -1,0 +1,13 @@
+"""A run: assembled from a spec, trained, checkpointed, observed.
+
+- `assemble`: the mesh, model, sampler, replay store and train step of a spec
+  (`build`, `assemble`), the prompt data, the initial parameters.
+- `trainer`: the RL loop (`train`, `run_loop`).
+- `warmstart`: the SFT warm start of a model that cannot yet earn rewards.
+- `checkpoint`: sealed orbax checkpoints of the train state and replay store.
+- `runtime`: workdir lock, resume checks, preemption (SIGTERM stops after a step).
+- `metrics`: metrics.jsonl, tensorboard and wandb, and the compute account.
+- `progress`: the progress bar and log lines.
+
+May import: core, text, tasks, model, hf, sampling, replay, rl, config.
+"""

@@ -1,0 +1,384 @@
+"""A run's parts, built in explicit stages that each do one thing.
+
+`build` constructs the mesh, model, tokenizer, task, sampler, replay store and compiled
+steps from a run spec (`replax.config.spec.RunSpec`), after the checks of
+`replax.config.build.build` (nothing trains, nothing is written);
+`prepare_data` builds or reads the task's dataset and the held-out evaluator;
+`initial_params` picks the starting policy (`model.init`: random, a supervised warm start
+that is cached, or a Hugging Face checkpoint); `init_states` places the train and replay
+states on the mesh, and `abstract_states` gives their shapes and shardings for a restore.
+`replax.run.trainer.train` runs them in order, then the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import tensorflow_datasets as tfds
+
+from replax.config import build as cfg
+from replax.config import sections
+from replax.config import spec as spec_lib
+from replax.core import sharding
+from replax.core.config_utils import ConfigError
+from replax.model import transformer as model_lib
+from replax.replay import schedules
+from replax.replay import store as replay_lib
+from replax.rl import evaluation, placement, rollouts
+from replax.rl import train_step as train_step_lib
+from replax.run import warmstart as warmstart_lib
+from replax.sampling import sampler as sampler_lib
+from replax.tasks import Example
+from replax.tasks import pipeline as data_lib
+
+
+@dataclasses.dataclass
+class Run:
+    """What a run is built from: constructed by `build`, before any data or params."""
+
+    spec: spec_lib.RunSpec
+    workdir: str
+    mesh: Any
+    rules: Any
+    model_config: model_lib.ModelConfig
+    model: Any
+    tokenizer: Any
+    task: Any
+    sampler: sampler_lib.Sampler
+    buffer: replay_lib.ReplayBuffer
+    optimizer: Any
+    schedule: schedules.Schedule
+    train_step: Any
+    add_and_sample: Any
+    replay_shardings: Any
+    # task.long_prompts='skip': the records each split leaves out, and its size before
+    # (replax.config.build.Built).
+    skipped_prompts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    split_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.spec.rollouts_per_step
+
+    @property
+    def seq_len(self) -> int:
+        return self.spec.seq_len
+
+
+@dataclasses.dataclass
+class Data:
+    """The prompt stream for rollouts and the held-out evaluator."""
+
+    prompts: Any  # grain dataset of prompt batches
+    evaluator: evaluation.Evaluator
+    # split -> (prompts left out as longer than rollout.max_prompt_len, the split's size).
+    skipped_prompts: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    def skipped_line(self, max_prompt_len: int) -> str | None:
+        """The line that reports the prompts left out, or None when none was."""
+        if not self.skipped_prompts:
+            return None
+        counts = " and ".join(
+            f"{n} of {total} {split}" for split, (n, total) in self.skipped_prompts.items()
+        )
+        return f"{counts} prompts longer than max_prompt_len={max_prompt_len} were skipped"
+
+
+def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
+    """Constructs a run's parts from a run spec; writes nothing (a file-backed task reads
+    its data file, once, in the checks). On a multi-process launch it first joins the
+    other processes (jax.distributed)."""
+    sharding.maybe_initialize_distributed()
+    return assemble(spec, workdir, cfg.build(spec))
+
+
+def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=None) -> Run:
+    """The run's meshes, model, sampler, replay store and jitted steps over `devices`
+    (default: every device JAX sees), from the build step's model config, tokenizer and
+    task. scripts/tpu_compile.py passes a TPU topology's devices to compile the same
+    programs ahead of time on a host without one."""
+    devices = list(jax.devices() if devices is None else devices)
+    rules = sharding.validate_rules(spec.mesh.rules)
+    # Disjoint placement: the sampler takes devices of its own, the trainer the rest.
+    sampler_devices = placement.sampler_device_count(spec, len(devices))
+    train_devices, rollout_devices = placement.split_devices(sampler_devices, devices)
+    if not sampler_devices:
+        rollout_devices = train_devices
+    mesh = sharding.make_mesh(spec.mesh.shape, devices=train_devices)
+    mcfg, tokenizer = built.model_config, built.tokenizer
+    model = model_lib.Transformer(mcfg)
+    schedule = cfg.make_schedule(spec)
+    buffer = replay_lib.make_replay_buffer(
+        num_shards=sharding.data_parallel_size(mesh, rules), **spec.replay.buffer_kwargs()
+    )
+    optimizer = train_step_lib.make_optimizer(spec.optimizer_config())
+    seq_len = spec.seq_len
+
+    # The replay store, sharded over the data axes like the batch.
+    item = rollouts.rollout_spec(seq_len)
+    data_axes = sharding.logical_to_spec(("buffer",), rules)[0]
+    replay_shardings = buffer.state_sharding(
+        jax.eval_shape(buffer.init, item), mesh, data_axes=data_axes or ()
+    )
+    batch_sharding = train_step_lib.batch_shardings(
+        mesh, rules, rollouts.batch_spec(spec.train.batch_size, seq_len)
+    )
+    state_shardings = train_step_lib.train_state_shardings(
+        model, optimizer, mesh, rules, with_reference=spec.loss.kl_coef > 0
+    )
+    train_step = train_step_lib.make_train_step(
+        model,
+        optimizer,
+        spec.loss.config(),
+        mesh,
+        rules,
+        state_shardings,
+        batch_sharding,
+        temperature=spec.rollout.temperature,
+        half_batch_stats=schedule.half_batch_stats,
+        vocab_size=tokenizer.sample_limit,
+        **spec.train_step_kwargs(),
+    )
+    add_and_sample = jax.jit(
+        rollouts.make_add_and_sample(
+            buffer,
+            group_size=spec.rollout.group_size,
+            batch_size=spec.train.batch_size,
+            normalize_std=spec.loss.normalize_std,
+            drop_zero_advantage=spec.replay.drop_zero_advantage,
+        ),
+        out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    # Decoding may use a mesh of its own (e.g. tensor-parallel), over the same devices or,
+    # disjoint, over the sampler's.
+    sampler_mesh = sharding.make_mesh(spec.sampler_mesh_shape, devices=rollout_devices)
+    sampler = sampler_lib.make_sampler(
+        mcfg,
+        stop_ids=tokenizer.stop_ids,
+        vocab_size=tokenizer.sample_limit,
+        pad_id=tokenizer.pad_id,
+        mesh=sampler_mesh,
+        rules=rules,
+        **spec.rollout.sampler_kwargs(),
+    )
+    return Run(
+        spec=spec,
+        workdir=workdir,
+        mesh=mesh,
+        rules=rules,
+        model_config=mcfg,
+        model=model,
+        tokenizer=tokenizer,
+        task=built.task,
+        sampler=sampler,
+        buffer=buffer,
+        optimizer=optimizer,
+        schedule=schedule,
+        train_step=train_step,
+        add_and_sample=add_and_sample,
+        replay_shardings=replay_shardings,
+        skipped_prompts=built.skipped_prompts,
+        split_sizes=built.split_sizes,
+    )
+
+
+def prepare_data(run: Run) -> Data:
+    """Builds (once, cached under task.data_dir or WORKDIR/data) the task's dataset and
+    returns the prompt stream and the held-out evaluator on its first test prompts.
+    With several processes, each one's stream holds its own block of every global batch
+    of prompts: the prompts of the rollouts its devices hold."""
+    c = run.spec
+    tfds.disable_progress_bar()
+    builder = data_lib.prepare_task_data(
+        c.task.data_dir or os.path.join(run.workdir, "data"),
+        run.task,
+        num_train=c.task.num_train,
+        num_test=c.task.num_test,
+        seed=c.task.data_seed,
+    )
+    train, test = (_kept(run, split, builder.as_data_source(split)) for split in ("train", "test"))
+    # Sizes a file-backed task (task.num_* = 0: all of it) knows only once it is read.
+    if len(train) < c.rollout.prompts_per_step or len(test) < c.eval.num_prompts:
+        raise ConfigError(
+            f"task {run.task.name}: {len(train)} train and {len(test)} test examples; "
+            f"rollout.prompts_per_step={c.rollout.prompts_per_step} and eval.num_prompts="
+            f"{c.eval.num_prompts} need at least as many"
+        )
+    rows_mesh = eval_mesh(run)
+    prompts = data_lib.prompt_dataset(
+        train,
+        run.tokenizer,
+        max_prompt_len=c.rollout.max_prompt_len,
+        batch_size=c.rollout.prompts_per_step,
+        seed=c.seed,
+        # This process's block of each batch: that of the sampler's rows, or with a
+        # sampler of this process's devices alone, that of the trainer's.
+        block=sharding.process_block(sharding.named(rows_mesh, ("batch",), run.rules)),
+    )
+    pairs = data_lib.eval_examples(test, c.eval.num_prompts)
+    evaluator = evaluation.Evaluator(
+        run.model_config,
+        run.tokenizer,
+        run.task,
+        [Example(prompt, answer) for prompt, answer in pairs],
+        max_prompt_len=c.rollout.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+        pass_k=c.eval.pass_k,
+        pass_k_prompts=c.eval.pass_k_prompts,
+        num_samples=c.eval.num_samples,
+        max_rows=c.eval.max_rows,
+        # A sampler of this process's devices alone (disjoint, several processes) decodes
+        # one block of a batch; the held-out set is split over every process's trainer.
+        mesh=rows_mesh,
+        rules=run.rules,
+        **c.rollout.numerics(),
+    )
+    skipped = {
+        split: (len(rows), run.split_sizes[split]) for split, rows in run.skipped_prompts.items()
+    }
+    return Data(prompts=prompts, evaluator=evaluator, skipped_prompts=skipped)
+
+
+def eval_mesh(run: Run):
+    """The mesh whose rows the prompt stream and held-out evaluation are split over: the
+    sampler's, or with a sampler of this process's devices alone (disjoint, several
+    processes), the trainer's."""
+    return run.mesh if rollouts.process_local(run.sampler) else run.sampler.mesh
+
+
+class _Kept:
+    """The records of a random-access source less those at `skipped` (sorted indices)."""
+
+    def __init__(self, source, skipped):
+        self.source = source
+        self.rows = np.setdiff1d(np.arange(len(source)), np.asarray(skipped, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.source[int(self.rows[index])]
+
+
+def _kept(run: Run, split: str, source):
+    """A split's source as the run reads it: with task.long_prompts='skip', without the
+    records build found longer than rollout.max_prompt_len."""
+    skipped = run.skipped_prompts.get(split)
+    if not skipped:
+        return source
+    if len(source) != run.split_sizes[split]:  # the records build measured are these
+        raise ConfigError(
+            f"task {run.task.name}: the {split} data has {len(source)} records, its prompts "
+            f"measured {run.split_sizes[split]}: task.data_dir holds data of another task"
+        )
+    return _Kept(source, skipped)
+
+
+def _warm_start(run: Run, data: Data, log, stop=None):
+    c = run.spec
+    # What the base depends on (not where it or the data are stored).
+    key = warmstart_lib.cache_key(
+        model=dataclasses.asdict(run.model_config),
+        # long_prompts='error' leaves the pool as it was: bases cached before the setting
+        # existed stay valid.
+        task={
+            k: v
+            for k, v in c.task.to_dict().items()
+            if k != "data_dir" and (k, v) != ("long_prompts", "error")
+        },
+        warmstart={k: v for k, v in dataclasses.asdict(c.warmstart).items() if k != "cache_dir"},
+        seed=c.seed,
+        rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
+    )
+    params, info = warmstart_lib.warm_start(
+        model=run.model,
+        config=c.warmstart.config(),
+        tokenizer=run.tokenizer,
+        task=run.task,
+        evaluator=data.evaluator,
+        seed=c.seed,
+        max_prompt_len=c.rollout.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+        mesh=run.mesh,
+        rules=run.rules,
+        cache_dir=c.warmstart.cache_dir or os.path.join(run.workdir, "base"),
+        key=key,
+        log=log,
+        skip_long_prompts=c.task.long_prompts == "skip",
+        stop=stop,
+    )
+    log(
+        f"warm start: base accuracy {info['base_accuracy']:.3f} after {info['sft_steps']} SFT steps"
+    )
+    return params
+
+
+def _from_checkpoint(run: Run, data: Data, log, stop=None):
+    """The Hugging Face checkpoint's weights, each read straight into its sharding."""
+    from replax.hf import checkpoint as hf
+
+    del data, stop
+    model = run.spec.model
+    _, params = hf.load_pretrained_sharded(
+        model.checkpoint, run.mesh, run.rules, **model.checkpoint_overrides()
+    )
+    log(f"loaded {model.checkpoint}")
+    return params
+
+
+# model.init -> the starting parameters (None: a random init from the run's seed).
+INITIAL_PARAMS = {
+    "random": lambda run, data, log, stop=None: None,
+    "warmstart": _warm_start,
+    "checkpoint": _from_checkpoint,
+}
+assert set(INITIAL_PARAMS) == set(sections.INITS)
+
+
+def initial_params(run: Run, data: Data, log=print, stop=None):
+    """The policy RL starts from, as `model.init` says. `stop` (a runtime.StopRequest)
+    ends a warm start between its SFT steps with runtime.Preempted."""
+    return INITIAL_PARAMS[run.spec.model.init](run, data, log, stop)
+
+
+def abstract_states(run: Run):
+    """(train_state, replay_state) as ShapeDtypeStructs carrying their shardings: what a
+    checkpoint restores into, computed without allocating (a 7B model's fresh state would
+    otherwise be initialised only to be overwritten)."""
+    train_state = train_step_lib.abstract_train_state(
+        run.model,
+        run.optimizer,
+        run.mesh,
+        run.rules,
+        with_reference=run.spec.loss.kl_coef > 0,
+    )
+    item = rollouts.rollout_spec(run.seq_len)
+    replay_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        jax.eval_shape(lambda: run.buffer.init(item)),
+        run.replay_shardings,
+    )
+    return train_state, replay_state
+
+
+def init_states(run: Run, params=None):
+    """(train_state, replay_state) on the mesh: params given or initialised from the seed,
+    a fresh optimizer state, an empty replay store."""
+    train_state = train_step_lib.init_train_state(
+        run.model,
+        run.optimizer,
+        jax.random.key(run.spec.seed),
+        run.mesh,
+        run.rules,
+        with_reference=run.spec.loss.kl_coef > 0,
+        params=params,
+    )[0]
+    item = rollouts.rollout_spec(run.seq_len)
+    replay_state = jax.jit(lambda: run.buffer.init(item), out_shardings=run.replay_shardings)()
+    return train_state, replay_state

@@ -1,0 +1,209 @@
+"""Run metrics: metrics.jsonl, samples.jsonl, TensorBoard event files, and compute
+accounting (generated tokens, FLOPs and seconds of generation vs training, mu). What the
+run prints as it goes is `replax.run.progress`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+# metrics.jsonl keys that measure time, which differs between any two runs (the rest of a
+# run's record is the same on every run of its config and machine).
+TIMING_KEYS = (
+    "wall_s",
+    "gen_s",
+    "train_s",
+    "mu_measured",
+    "step_s",
+    "gen_tokens_per_s",
+    # Disjoint placement's (replax.rl.placement).
+    "sampler_busy_frac",
+    "trainer_busy_frac",
+    "sync_s",
+    "wait_s",
+)
+
+
+# metrics.jsonl keys that TensorBoard shows under placement/ (disjoint placement's,
+# replax.rl.placement) and under replay/ besides those named replay_* (the off-policy
+# correction of replayed rollouts, the auto schedule's).
+PLACEMENT_KEYS = (
+    "policy_lag_mean",
+    "policy_lag_max",
+    "sampler_busy_frac",
+    "trainer_busy_frac",
+    "sync_s",
+    "wait_s",
+    "replay_ratio_realised",
+)
+REPLAY_PREFIXES = ("replay_", "is_", "auto_", "halves_")
+REPLAY_KEYS = ("clip_frac", "rollouts_kept")
+
+
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a metrics.jsonl key, grouped by what it is about: eval/
+    (held-out evaluation), replay/ (the store and its corrections), placement/ (disjoint
+    sampling), train/ (the rest: rewards, losses, cost). The key itself is unchanged."""
+    if key in PLACEMENT_KEYS:
+        return f"placement/{key}"
+    if key.startswith("eval_") or key == "entropy":
+        return f"eval/{key}"
+    if key.startswith(REPLAY_PREFIXES) or key in REPLAY_KEYS:
+        return f"replay/{key}"
+    return f"train/{key}"
+
+
+def _to_python(value):
+    if isinstance(value, (np.generic, np.ndarray)):
+        value = value.item() if np.ndim(value) == 0 else value.tolist()
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged step to DIR/metrics.jsonl, one per held-out
+    sample of an evaluation to DIR/samples.jsonl, and mirrors the scalars (and the samples,
+    as text) to TensorBoard (DIR/tensorboard) when tensorboardX is installed, under tags
+    grouped train/, eval/, replay/, placement/ (`tensorboard_tag`). A writer
+    that is not `enabled` (on processes other than 0) writes nothing."""
+
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        resume_step: int = -1,
+        enabled: bool = True,
+        wandb_mode: str | None = None,
+        config: dict[str, Any] | None = None,
+    ):
+        """wandb_mode: also log to Weights & Biases ('offline' or 'online'; None: not),
+        the run named by its workdir and given its config."""
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.samples_path = os.path.join(workdir, "samples.jsonl")
+        self._file = self._samples = self._tb = self._wandb = None
+        if not enabled:
+            return
+        if wandb_mode is not None:
+            import wandb
+
+            # One W&B run per workdir: a resumed run continues it.
+            name = os.path.basename(os.path.abspath(workdir))
+            self._wandb = wandb.init(
+                project="replax",
+                name=name,
+                id=name,
+                resume="allow",
+                dir=workdir,
+                mode=wandb_mode,
+                config=config or {},
+            )
+        # A resumed run rewrites history after its checkpoint: drop the records of
+        # steps past it, and a last line cut short by a kill, so each file reads as one
+        # uninterrupted run.
+        for path in (self.path, self.samples_path):
+            if os.path.exists(path):
+                kept = [r for r in _parse_lines(path) if r["step"] <= resume_step]
+                with open(path, "w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in kept)
+        self._file = open(self.path, "a")
+        self._samples = open(self.samples_path, "a")
+        try:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=30)
+        except ImportError:  # TensorBoard output is optional.
+            pass
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        record = {"step": int(step), **{k: _to_python(v) for k, v in record.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(tensorboard_tag(key), value, step)
+        if self._wandb is not None:
+            scalars = {
+                tensorboard_tag(k): v
+                for k, v in record.items()
+                if k != "step" and isinstance(v, (int, float))
+            }
+            self._wandb.log(scalars, step=int(step))
+
+    def write_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """One line per sample (prompt, completion, reward, answer, ...) with the step."""
+        if self._samples is None or not samples:
+            return
+        records = [{"step": int(step), **s} for s in samples]
+        self._samples.writelines(json.dumps(r) + "\n" for r in records)
+        self._samples.flush()
+        if self._tb is not None:
+            self._tb.add_text("eval/samples", _markdown_table(samples), step)
+
+    def close(self) -> None:
+        for f in (self._file, self._samples, self._tb):
+            if f is not None:
+                f.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _markdown_table(samples: list[dict[str, Any]]) -> str:
+    """Samples as a markdown table (TensorBoard renders a text summary as markdown)."""
+    keys = list(samples[0])
+    cell = lambda v: json.dumps(v) if not isinstance(v, str) else v.replace("|", "\\|")
+    rows = [" | ".join(cell(s.get(k)).replace("\n", "<br>") for k in keys) for s in samples]
+    return "\n".join([" | ".join(keys), " | ".join("---" for _ in keys), *rows])
+
+
+def _parse_lines(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a last line cut short by a kill is skipped."""
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}:{i + 1}: not a JSON record") from None
+    return records
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+    return _parse_lines(os.path.join(workdir, "metrics.jsonl"))
+
+
+@dataclasses.dataclass
+class ComputeAccount:
+    """Cumulative cost of a run. Carried in checkpoints so resumed runs keep counting."""
+
+    gen_tokens: int = 0
+    gen_flops: float = 0.0
+    train_flops: float = 0.0
+    gen_s: float = 0.0
+    train_s: float = 0.0
+    # Rollouts generated and trained on; with gen_s/train_s they give the measured mu.
+    gen_rollouts: int = 0
+    train_rollouts: int = 0
+    # Train steps taken.
+    steps: int = 0
+
+    def mu_measured(self) -> float | None:
+        """Generation cost / training cost per rollout, in seconds on this machine."""
+        if not (self.gen_rollouts and self.train_rollouts and self.train_s > 0):
+            return None
+        return (self.gen_s / self.gen_rollouts) / (self.train_s / self.train_rollouts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

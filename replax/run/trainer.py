@@ -1,0 +1,421 @@
+"""The RL loop: generate -> score -> add -> sample -> step.
+
+Each generating step samples R = prompts_per_step x group_size fresh rollouts with the
+KV-cache sampler, scores them on the host (the only host round trip: completions out,
+rewards in), freezes their group advantages and behaviour log-probs, adds them to the
+replay store, samples a batch of B, and takes one optimizer step. On-policy training is
+the special case N = B = R.
+
+`train` takes the run spec (`replax.config.spec.RunSpec`; a ConfigDict is parsed into one, once,
+on the way in), makes the run in the stages of `replax.run.assemble` (build, prepare_data,
+initial_params, init_states), resumes from its newest readable checkpoint, and runs the
+loop; `run_loop` reads top to bottom, one phase of a step under each capitalised comment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from replax.config import spec as spec_lib
+from replax.core import sharding
+from replax.model import flops as flops_lib
+from replax.replay import auto as auto_replay
+from replax.replay import schedules
+from replax.rl import placement, rollouts
+from replax.rl import train_step as train_step_lib
+from replax.run import checkpoint as checkpoint_lib
+from replax.run import metrics as metrics_lib
+from replax.run import progress, runtime
+from replax.run.assemble import (
+    Data,
+    Run,
+    abstract_states,
+    build,
+    init_states,
+    initial_params,
+    prepare_data,
+)
+
+
+def train(
+    spec: spec_lib.RunSpec | ml_collections.ConfigDict, workdir: str, log=print
+) -> dict[str, Any]:
+    """Runs (or resumes) one RL run in workdir. Returns a summary dict.
+
+    Raises ConfigError before anything is written for a bad config or workdir, and
+    runtime.Preempted after checkpointing when SIGTERM or SIGINT stopped the run."""
+    if not isinstance(spec, spec_lib.RunSpec):  # the notebook's and the tests' entry
+        spec = spec_lib.parse(spec)
+    runtime.check_workdir(workdir)
+    run = build(spec, workdir)
+    # Warnings (a checkpoint set aside) go to stderr; with several processes, process 0
+    # alone reports.
+    warn = functools.partial(print, file=sys.stderr)
+    if jax.process_index() != 0:
+        log = warn = _silent
+    if (slow := progress.slow_backend_warning(spec)) is not None:
+        warn(slow)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
+    runtime.check_resume_config(workdir, spec.to_dict(), has_checkpoint)
+    os.makedirs(workdir, exist_ok=True)
+    with runtime.WorkdirLock(workdir):
+        runtime.record_run_config(workdir, spec.to_dict())
+        data = prepare_data(run)
+        skipped = data.skipped_line(spec.rollout.max_prompt_len)
+        if skipped:
+            log(skipped)
+        checkpointer = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=spec.checkpoint_keep)
+        stop = runtime.StopRequest().install()
+        try:
+            prompt_iter = iter(data.prompts)
+            states = restore(run, checkpointer, prompt_iter, log, warn)
+            if states is None:  # a new run (or none of its checkpoints was readable)
+                params = initial_params(run, data, log, stop)
+                states = (*init_states(run, params), new_loop_state(run))
+            for line in progress.banner(run, states[0]):
+                log(line)
+            summary = run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
+            # The prompts the data set left out: split -> [skipped, of how many].
+            return {**summary, "skipped_prompts": dict(data.skipped_prompts)}
+        finally:
+            stop.restore()
+            checkpointer.close()
+
+
+@dataclasses.dataclass
+class LoopState:
+    """What the loop carries across steps besides the device states; checkpointed."""
+
+    step: int
+    account: metrics_lib.ComputeAccount
+    base_accuracy: float | None
+    wall_s: float
+    schedule: schedules.Schedule
+    # Steps whose loss, gradient or update was not finite: they changed nothing.
+    skipped_steps: int = 0
+    # Completions whose reward function raised (each scored 0), since the run began.
+    reward_errors: int = 0
+    # Disjoint placement: the generation in flight at the checkpoint, finished into it
+    # (replax.rl.placement.DisjointRollouts.pending_state), until the loop takes it back.
+    pending: dict[str, Any] | None = None
+
+    def state_dict(self, wall_s: float) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "account": self.account.as_dict(),
+            "base_accuracy": self.base_accuracy,
+            "wall_s": wall_s,
+            "auto_replay": self.schedule.state_dict(),
+            "skipped_steps": self.skipped_steps,
+            "reward_errors": self.reward_errors,
+        }
+
+
+def new_loop_state(run: Run) -> LoopState:
+    return LoopState(0, metrics_lib.ComputeAccount(), None, 0.0, run.schedule)
+
+
+def restore(run: Run, checkpointer, prompt_iter, log=print, warn=print):
+    """(train_state, replay_state, LoopState) of the newest sealed, intact checkpoint, the
+    prompt iterator restored in place; None when there is none. `warn` gets a line for
+    each checkpoint set aside on the way."""
+    train_state, replay_state = abstract_states(run)  # the structure and shardings to fill
+    restored = checkpointer.restore_latest(
+        train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter, log=warn
+    )
+    if restored is None:
+        return None
+    train_state, replay_state, saved = restored
+    loop = new_loop_state(run)
+    if saved.get("auto_replay"):
+        loop.schedule = auto_replay.AutoReplayController.from_state_dict(saved["auto_replay"])
+    loop.step, loop.wall_s = saved["step"], saved["wall_s"]
+    loop.base_accuracy = saved["base_accuracy"]
+    loop.account = metrics_lib.ComputeAccount(**saved["account"])
+    loop.skipped_steps = saved.get("skipped_steps", 0)
+    loop.reward_errors = saved.get("reward_errors", 0)
+    if saved.get("pending"):
+        loop.pending = {**saved["pending"], "arrays": saved["pending_arrays"]}
+    log(f"resumed from step {loop.step}")
+    return train_state, replay_state, loop
+
+
+def run_loop(
+    run: Run,
+    data: Data,
+    checkpointer,
+    train_state,
+    replay_state,
+    loop: LoopState,
+    prompt_iter,
+    stop=None,
+    log=print,
+):
+    """The RL loop from loop.step to total_steps, or until `stop` (a runtime.StopRequest)
+    is requested: then it checkpoints the step it finished and raises runtime.Preempted."""
+    c, evaluator, schedule, account = run.spec, data.evaluator, loop.schedule, loop.account
+    if loop.base_accuracy is None:
+        loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
+        log(f"base held-out accuracy {loop.base_accuracy:.3f}")
+    primary = jax.process_index() == 0
+    writer = metrics_lib.MetricsWriter(
+        run.workdir,
+        resume_step=loop.step,
+        enabled=primary,
+        wandb_mode=c.log.wandb_mode if c.log.wandb else None,
+        config=c.to_dict(),
+    )
+    bar = progress.make_progress(
+        c.total_steps, loop.step, print_every_s=c.log.print_every_s, enabled=primary
+    )
+    # The schedule's rate of each optimizer update, looked up on the host.
+    learning_rates = train_step_lib.learning_rates(c.optimizer_config(), c.total_steps)
+    idle = rollouts.nothing_generated(
+        run.rollouts_per_step,
+        c.rollout.max_prompt_len,
+        c.rollout.max_new_tokens,
+        run.mesh,
+        run.rules,
+    )
+    base_key, record, stopping = jax.random.key(c.seed), {}, False
+    t_start = time.time() - loop.wall_s
+    disjoint, version = None, None
+    if c.rollout.placement == "disjoint":  # the sampler on its own devices, in a thread
+        disjoint = placement.DisjointRollouts(run, base_key, c.total_steps)
+        disjoint.resume(loop.step, loop.pending)
+        loop.pending = None
+    spent = lambda: bool(c.total_rollouts) and account.gen_rollouts >= c.total_rollouts
+    for step in range(loop.step, c.total_steps):
+        if spent():
+            break  # a resumed run that had already spent its rollout budget
+        t_step = time.time()
+        gen_key, sample_key, eval_key = step_keys(base_key, step)
+        generated, max_age = schedule.should_generate(step), schedule.max_age()
+        # Skipped steps did not advance the optimizer's count of updates.
+        learning_rate = learning_rates[step - loop.skipped_steps]
+        # GENERATE R rollouts (G completions of each prompt), SCORE them on the host.
+        t0 = time.time()
+        fresh = idle
+        if disjoint is not None:  # taken from the sampler's thread, the next one handed over
+            fresh, version, gen_s = disjoint.step(step, train_state.params, prompt_iter)
+            generated, fresh = fresh is not None, fresh or idle
+        elif generated:
+            fresh = rollouts.generate_and_score(
+                run.sampler,
+                run.task,
+                run.tokenizer,
+                c.rollout.group_size,
+                train_state.params,
+                next(prompt_iter),
+                gen_key,
+            )
+        if disjoint is None:
+            gen_s = time.time() - t0 if generated else 0.0
+        # ADD, SAMPLE, STEP on the devices.
+        t1 = time.time()
+        replay_state, batch, stats = run.add_and_sample(
+            replay_state,
+            fresh.prompt_ids,
+            fresh.prompt_mask,
+            fresh.completion,
+            jnp.asarray(fresh.rewards),
+            jnp.int32(step),
+            sample_key,
+            jnp.bool_(generated),
+            jnp.int32(max_age),
+            # Disjoint: the generating policy's step, so that ages count from it.
+            None if disjoint is None else jnp.int32(version if generated else step),
+        )
+        train_state, step_metrics = run.train_step(train_state, batch)
+        step_metrics, stats = jax.device_get((step_metrics, stats))
+        train_s = time.time() - t1
+        loop.skipped_steps += int(step_metrics.pop("skipped"))
+        loop.reward_errors += int(fresh.reward_errors or 0)
+        # ACCOUNTING AND METRICS
+        record = _step_record(
+            run, loop, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
+        )
+        # The float32 rate as its shortest decimal (1e-4, not 9.99999974e-05).
+        record["learning_rate"] = float(str(learning_rate))
+        if disjoint is not None:
+            record.update(_placement_record(disjoint, loop, step, version, generated, t_start))
+        loop.step = step + 1
+        last = loop.step == c.total_steps or spent()
+        if c.eval.every and (loop.step % c.eval.every == 0 or last):
+            eval_metrics, samples = evaluator.evaluate(train_state.params, eval_key)
+            record.update(eval_metrics)
+            writer.write_samples(loop.step, samples)
+        # The step's wall time up to its record: generation, training and evaluation.
+        record["step_s"] = time.time() - t_step
+        if loop.step % c.log_every == 0 or "eval_accuracy" in record:
+            writer.write(loop.step, record)
+        bar.update(
+            loop.step,
+            record["reward_mean"],
+            account.gen_tokens,
+            account.gen_s,
+            record.get("eval_accuracy"),
+        )
+        # CHECKPOINT, also when asked to stop (every process agrees on the step)
+        stopping = _checkpoint_if_due(
+            run,
+            checkpointer,
+            loop,
+            train_state,
+            replay_state,
+            prompt_iter,
+            stop,
+            last,
+            t_start,
+            log,
+            disjoint,
+        )
+        if last or stopping:
+            break
+    if disjoint is not None:
+        disjoint.close()
+    bar.close()
+    writer.close()
+    if stopping and not last:
+        raise runtime.Preempted(stop.signal_name if stop else "preemption", loop.step)
+    final = record.get("eval_accuracy")
+    if final is None:
+        final = evaluator.accuracy(train_state.params, jax.random.key(0))
+    return {
+        "base_accuracy": loop.base_accuracy,
+        "final_accuracy": final,
+        "steps": account.steps,
+        "wall_s": time.time() - t_start,
+        **account.as_dict(),
+    }
+
+
+def step_keys(base_key, step: int):
+    """(generation, replay sampling, evaluation) keys of the loop step that takes the run
+    from `step` to step + 1 steps done: fold_in(key(seed), step), split 3 ways. The
+    evaluation after it, of checkpoint step + 1, draws its temperature-1 samples with the
+    third; scripts/evaluate.py draws them with the same key for that checkpoint."""
+    return jax.random.split(jax.random.fold_in(base_key, step), 3)
+
+
+def eval_key(seed: int, step: int):
+    """The key the run's own evaluation of checkpoint `step` (steps done) used."""
+    return step_keys(jax.random.key(seed), step - 1)[2]
+
+
+def _step_record(
+    run: Run, loop: LoopState, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
+):
+    """The metrics of one loop step, after accounting its cost and telling the schedule
+    what it took; seconds are process 0's on every process (auto replay plans by them)."""
+    account, schedule = loop.account, loop.schedule
+    gen_s, train_s = (float(t) for t in sharding.from_process_zero(np.array([gen_s, train_s])))
+    _account(account, run, fresh.lengths, gen_s, train_s)
+    kept = int(stats["rollouts_kept"]) if generated else None
+    schedule.observe(
+        gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
+    )
+    return {
+        "wall_s": time.time() - t_start,
+        **account.as_dict(),
+        "mu_measured": account.mu_measured(),
+        # A step that generates nothing has no reward (nor completions) to report.
+        "reward_mean": fresh.reward_mean,
+        # Cumulative, as skipped_steps.
+        "reward_errors": loop.reward_errors,
+        **fresh.diagnostics,
+        "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
+        "skipped_steps": loop.skipped_steps,
+        **stats,
+        "rollout_entropy": float(stats["rollout_entropy"]) if generated else None,
+        **step_metrics,
+        **schedule.metrics(),
+    }
+
+
+def _checkpoint_if_due(
+    run: Run,
+    checkpointer,
+    loop: LoopState,
+    train_state,
+    replay_state,
+    prompt_iter,
+    stop,
+    last,
+    t_start,
+    log,
+    disjoint=None,
+) -> bool:
+    """Saves the step just finished when it is due, the last one, or the run is asked to
+    stop (by `stop` on any process, or by the checkpointer's preemption notice); never from
+    a non-finite state. Returns whether the run stops here."""
+    c = run.spec
+    asked = sharding.any_process(stop is not None and stop.requested)
+    stopping = asked or checkpointer.reached_preemption(loop.step)
+    saving = loop.step % c.checkpoint_every == 0 or last or stopping
+    if saving and not train_step_lib.all_finite(train_state):
+        log(f"step {loop.step}: the train state is not finite; no checkpoint written")
+    elif saving:
+        # A generation in flight is finished and stored with the step (disjoint placement).
+        pending = None if disjoint is None else disjoint.pending_state()
+        loop_state = loop.state_dict(wall_s=time.time() - t_start)
+        if pending is not None:
+            loop_state["pending"] = {k: v for k, v in pending.items() if k != "arrays"}
+        checkpointer.save(
+            loop.step,
+            train_state=train_state,
+            replay_state=replay_state,
+            loop_state=loop_state,
+            data_iterator=prompt_iter,
+            pending=None if pending is None else pending["arrays"],
+        )
+    return stopping
+
+
+def _placement_record(disjoint, loop: LoopState, step, version, generated, t_start):
+    """Disjoint placement's metrics: how far behind the fresh rollouts' policy was, how
+    busy each side was, the last weight transfer, and replay's realised ratio."""
+    wall = max(time.time() - t_start, 1e-9)
+    account = loop.account
+    lag = step - version if generated else None
+    return {
+        "policy_lag_mean": lag,
+        "policy_lag_max": lag,
+        "sampler_busy_frac": disjoint.busy_s / wall,
+        "trainer_busy_frac": account.train_s / wall,
+        "sync_s": disjoint.sync_s,
+        "wait_s": disjoint.wait_s if generated else 0.0,
+        "replay_ratio_realised": account.train_rollouts / max(account.gen_rollouts, 1),
+    }
+
+
+def _silent(*args, **kwargs) -> None:
+    del args, kwargs
+
+
+def _account(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:
+    """Adds one step's generation (lengths int[R] of the completions, or None when the
+    step generated nothing) and training to the cumulative compute account."""
+    c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
+    if lengths is not None:
+        account.gen_tokens += int(lengths.sum())
+        account.gen_flops += flops_lib.generate_flops(
+            run.model_config, r, c.rollout.max_prompt_len, int(lengths.max()), run.seq_len
+        )
+        account.gen_rollouts += r
+    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len)
+    account.gen_s += gen_s
+    account.train_s += train_s
+    account.train_rollouts += b
+    account.steps += 1

@@ -1,0 +1,10 @@
+"""Generation: the jitted KV-cache sampler that returns behaviour log-probs.
+
+- `distributions`: temperature and top-p sampling of a token from logits.
+- `decode`: prefill and the decode loop (a `lax.while_loop` over tokens, stopping when
+  every row has ended) with the KV cache.
+- `sampler`: `Sampler`, the compiled, sharded entry point the run and the evaluator call,
+  and its ahead-of-time lowering.
+
+May import: core, model.
+"""

@@ -1,0 +1,406 @@
+"""Jitted sampler: validates its settings, binds them to the decode loop of
+`replax.sampling.decode` (one prefill call, then the whole loop inside `lax.while_loop`) and
+casts and reshards the params it is given.
+
+    sampler = make_sampler(model_config, max_prompt_len=16, max_new_tokens=64,
+                           stop_ids=(1,), pad_id=0, temperature=1.0, mesh=mesh)
+    out = sampler.generate(params, prompt_ids, prompt_mask, rng)  # SampleOutput
+    group = sampler.generate(params, prompt_ids, prompt_mask, rng, num_samples=8)
+
+With num_samples = G each of the B prompts is prefilled once and its cache repeated to
+G consecutive rows; the B x G rows then decode as B x G repeated prompts would, drawing
+the same random numbers. The sampler has its own mesh, rule table and dtype (e.g.
+tensor-parallel bfloat16 weights while training keeps float32 FSDP ones): each call casts
+and reshards the params once, in one jitted program, before the loop.
+
+`out.logprobs` are the behaviour log-probs that replay needs: the log-probability of each
+sampled token under the distribution it was drawn from (logits / temperature, top-k and
+top-p filtered and renormalised; for greedy decoding the log-softmax of the raw logits).
+The first stop token (any of `stop_ids`: Qwen2.5-Instruct ends a turn with <|im_end|> or
+<|endoftext|>) is part of the completion (and of the mask, so that the policy learns to
+stop); everything after it is `pad_id` with mask False and log-prob 0. With
+`vocab_size` below the model's vocabulary (checkpoints pad their embedding past the
+tokenizer's ids), the rows past it are never sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replax.core import sharding
+from replax.model import transformer as model_lib
+from replax.sampling import decode as decode_lib
+from replax.sampling.decode import SampleOutput
+from replax.sampling.distributions import SamplingConfig
+
+
+def _check_divisible(mesh, abstract_params, shardings) -> None:
+    """Raises a one-line error when a mesh axis does not divide the parameter dimension it
+    shards (jit would fail on the first call, less clearly)."""
+    leaves = jax.tree_util.tree_leaves_with_path(abstract_params)
+    for (path, leaf), target in zip(leaves, jax.tree_util.tree_leaves(shardings)):
+        for dim, axes in zip(leaf.shape, target.spec):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            shards = int(np.prod([mesh.shape[a] for a in axes]))
+            if dim % shards:
+                raise ValueError(
+                    f"sampler mesh {dict(mesh.shape)}: parameter "
+                    f"{jax.tree_util.keystr(path)} dimension {dim} is not divisible by the "
+                    f"{shards} shards of mesh axes {axes}: allowed are meshes whose axes "
+                    "divide the dimensions they shard"
+                )
+
+
+class Sampler:
+    """A compiled sampler bound to one model shape, prompt length and completion length.
+
+    The sampler decodes on its own mesh, rules and dtype, which may differ from training's
+    (e.g. tensor-parallel bfloat16 weights while training keeps FSDP float32): `generate`
+    casts and reshards the params once per call, in one jitted program.
+    `generate` compiles once per distinct sampling setting (temperature / top_k / top_p
+    are static) and number of samples per prompt; calls with the same shapes and setting
+    reuse the compiled program.
+    """
+
+    def __init__(
+        self,
+        model_config: model_lib.ModelConfig,
+        *,
+        max_prompt_len: int,
+        max_new_tokens: int,
+        stop_ids: tuple[int, ...],
+        pad_id: int,
+        sampling: SamplingConfig,
+        mesh: jax.sharding.Mesh | None,
+        rules,
+        dtype: str | None = None,
+        cache_dtype: str | None = None,
+        vocab_size: int | None = None,
+    ):
+        cfg = model_config
+        for name, value in (("max_prompt_len", max_prompt_len), ("max_new_tokens", max_new_tokens)):
+            if not (isinstance(value, int | np.integer) and value >= 1):
+                raise ValueError(f"sampler.{name}={value}: must be an integer >= 1")
+        if max_prompt_len + max_new_tokens > cfg.max_len:
+            raise ValueError(
+                f"sampler.max_prompt_len + max_new_tokens = {max_prompt_len} + {max_new_tokens}"
+                f" exceeds model.max_len={cfg.max_len}: allowed is a sum <= {cfg.max_len}"
+            )
+        stop_ids = tuple(int(i) for i in stop_ids)
+        if not stop_ids:
+            raise ValueError("sampler.stop_ids is empty: a completion needs a stop token")
+        for name, value in (*(("stop_ids", i) for i in stop_ids), ("pad_id", pad_id)):
+            if not (isinstance(value, int | np.integer) and 0 <= value < cfg.vocab_size):
+                raise ValueError(f"sampler.{name}={value}: allowed is 0 <= id < {cfg.vocab_size}")
+        if vocab_size is not None and not 0 < vocab_size <= cfg.vocab_size:
+            raise ValueError(
+                f"sampler.vocab_size={vocab_size}: allowed is 0 < size <= {cfg.vocab_size}"
+            )
+        for name, value in (("dtype", dtype), ("cache_dtype", cache_dtype)):
+            if value is not None and value not in model_lib.DTYPES:
+                raise ValueError(
+                    f"sampler.{name}={value!r}: allowed are {sorted(model_lib.DTYPES)} or None"
+                )
+        if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+            raise ValueError(f"sampler.mesh={mesh!r}: allowed are a jax.sharding.Mesh or None")
+        self._check_sampling(sampling, cfg)
+        if mesh is not None:
+            rules = sharding.validate_rules(sharding.DEFAULT_RULES if rules is None else rules)
+
+        # Decoding in `dtype`: weights stored and computed in it (and the cache, unless
+        # cache_dtype says otherwise).
+        if dtype is not None:
+            cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
+        self.model_config = cfg
+        self.model = model_lib.Transformer(cfg)
+        self.dtype = None if dtype is None else model_lib.DTYPES[dtype]
+        self.max_prompt_len = int(max_prompt_len)
+        self.max_new_tokens = int(max_new_tokens)
+        self.stop_ids, self.pad_id = stop_ids, int(pad_id)
+        # Rows of the model's vocabulary past the tokenizer's are never sampled.
+        self.vocab_size = None if vocab_size in (None, cfg.vocab_size) else int(vocab_size)
+        self.sampling = sampling
+        self.mesh, self.rules = mesh, rules
+        self._stages = {}  # compiled reshards of weights from a trainer on every process
+        self.data_shards = 1 if mesh is None else sharding.data_parallel_size(mesh, rules)
+        self._cache_dtype = model_lib.DTYPES[cache_dtype] if cache_dtype else None
+
+        decode = functools.partial(
+            decode_lib.decode,
+            model=self.model,
+            max_new_tokens=self.max_new_tokens,
+            stop_ids=self.stop_ids,
+            pad_id=self.pad_id,
+            vocab_size=self.vocab_size,
+            cache_dtype=self._cache_dtype,
+            data_shards=self.data_shards,
+        )
+        if mesh is None:
+            self._params_shardings = self._prompt_sharding = None
+            self._jitted = jax.jit(decode, static_argnums=(4, 5, 6))
+            self._prepare = jax.jit(self._cast)
+        else:
+            dummy = jnp.zeros((1, 1), jnp.int32)
+            abstract = jax.eval_shape(self.model.init, jax.random.key(0), dummy, dummy)
+            self._params_shardings = sharding.params_shardings(mesh, abstract, rules)["params"]
+            _check_divisible(mesh, nn.unbox(abstract)["params"], self._params_shardings)
+            # Prompts are small integers: every device holds all of them, and the prefill
+            # splits them over the data shards (padded when these do not divide them).
+            self._prompt_sharding = sharding.replicated(mesh)
+            table = sharding.named(mesh, ("batch", None), rules)
+            self._jitted = jax.jit(
+                decode,
+                static_argnums=(4, 5, 6),
+                in_shardings=(
+                    self._params_shardings,
+                    self._prompt_sharding,
+                    self._prompt_sharding,
+                    sharding.replicated(mesh),
+                ),
+                out_shardings=SampleOutput(
+                    tokens=table,
+                    mask=table,
+                    logprobs=table,
+                    lengths=sharding.named(mesh, ("batch",), rules),
+                ),
+            )
+            self._prepare = jax.jit(self._cast, out_shardings=self._params_shardings)
+
+    def _cast(self, params):
+        """The params in the sampler's dtype (floating leaves; unchanged without one)."""
+        if self.dtype is None:
+            return params
+        cast = lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+        return jax.tree_util.tree_map(cast, params)
+
+    def prepare_params(self, params):
+        """The params as the decode loop reads them: in the sampler's dtype and layout.
+        One jitted cast-and-reshard; nothing at all when they already are."""
+        params = nn.unbox(params)
+        leaves = jax.tree_util.tree_leaves(params)
+        if self._params_shardings is None:
+            targets = [None] * len(leaves)
+        else:
+            targets = jax.tree_util.tree_leaves(self._params_shardings)
+            devices = set(self.mesh.devices.flat)
+            if any(isinstance(x, jax.Array) and x.sharding.device_set != devices for x in leaves):
+                # Weights on other devices (a disjoint trainer's): one transfer of the whole
+                # tree into the decode layout; a jitted program spans one set of devices.
+                if all(x.is_fully_addressable for x in leaves):
+                    params = jax.device_put(params, self._params_shardings)
+                    leaves = jax.tree_util.tree_leaves(params)
+                else:  # a trainer over every process, this process's sampler mesh
+                    leaves = sharding.copy_to_process_mesh(leaves, targets, self._stages)
+                    params = jax.tree_util.tree_unflatten(
+                        jax.tree_util.tree_structure(params), leaves
+                    )
+
+        def ready(x, target):
+            if not isinstance(x, jax.Array) or self.dtype not in (None, x.dtype):
+                return False
+            return target is None or x.sharding.is_equivalent_to(target, x.ndim)
+
+        if len(leaves) == len(targets) and all(map(ready, leaves, targets)):
+            return params
+        return self._prepare(params)
+
+    @staticmethod
+    def _check_sampling(sampling: SamplingConfig, cfg: model_lib.ModelConfig):
+        if sampling.top_k > cfg.vocab_size:
+            raise ValueError(
+                f"sampler.top_k={sampling.top_k} exceeds model.vocab_size={cfg.vocab_size}: "
+                f"allowed is 0 <= top_k <= {cfg.vocab_size}"
+            )
+
+    def _inputs(self, prompt_ids, prompt_mask, num_samples):
+        """Checks shapes and dtypes before anything compiles; pads prompts to max_prompt_len."""
+        if jnp.ndim(prompt_ids) != 2 or jnp.shape(prompt_mask) != jnp.shape(prompt_ids):
+            raise ValueError(
+                f"prompt_ids {jnp.shape(prompt_ids)} and prompt_mask {jnp.shape(prompt_mask)}: "
+                "allowed are two arrays of the same shape [batch, prompt_len]"
+            )
+        if not jnp.issubdtype(jnp.result_type(prompt_ids), jnp.integer):
+            raise ValueError(
+                f"prompt_ids dtype {jnp.result_type(prompt_ids)}: allowed are integer dtypes"
+            )
+        if not (isinstance(num_samples, int | np.integer) and num_samples >= 1):
+            raise ValueError(f"num_samples={num_samples}: allowed is an integer >= 1")
+        batch, prompt_len = jnp.shape(prompt_ids)
+        if prompt_len > self.max_prompt_len:
+            raise ValueError(
+                f"prompt length {prompt_len} exceeds sampler.max_prompt_len="
+                f"{self.max_prompt_len}: allowed are prompts of at most {self.max_prompt_len} "
+                "tokens (prompts are never truncated)"
+            )
+        if self.mesh is not None:
+            name = "sampler batch size" + (f" (prompts x {num_samples})" if num_samples > 1 else "")
+            sharding.check_batch(name, batch * num_samples, self.mesh, self.rules)
+        xp = jnp if isinstance(prompt_ids, jax.Array) else np
+        if jnp.result_type(prompt_ids) != jnp.int32:
+            prompt_ids = xp.asarray(prompt_ids).astype(np.int32)
+        if jnp.result_type(prompt_mask) != jnp.bool_:
+            prompt_mask = xp.asarray(prompt_mask).astype(bool)
+        if prompt_len < self.max_prompt_len:
+            left = ((0, 0), (self.max_prompt_len - prompt_len, 0))
+            prompt_ids = xp.pad(prompt_ids, left, constant_values=self.pad_id)
+            prompt_mask = xp.pad(prompt_mask, left, constant_values=False)
+        if self.mesh is not None:
+            # A global array split over other processes is taken as it is (rollouts pass
+            # every process all prompts, replicated).
+            def put(x):
+                if isinstance(x, jax.Array) and not x.is_fully_addressable:
+                    return x
+                return jax.device_put(x, self._prompt_sharding)
+
+            prompt_ids, prompt_mask = put(prompt_ids), put(prompt_mask)
+        return prompt_ids, prompt_mask
+
+    def generate(
+        self,
+        params,
+        prompt_ids,
+        prompt_mask,
+        rng,
+        *,
+        num_samples: int = 1,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        row_block: tuple[int, int] = (0, 1),
+    ) -> SampleOutput:
+        """Samples max_new_tokens per row (fewer when every row has hit EOS).
+
+        params: the model's 'params' collection (boxed or not), in any dtype and layout;
+        prompt_ids int[B, P'] and prompt_mask bool[B, P'], left-padded, P' <=
+        max_prompt_len; rng: a PRNG key. num_samples: G completions of each prompt, rows
+        i G ... i G + G - 1 those of prompt i (each prompt is prefilled once; the tokens
+        are those of B x G repeated prompts under the same rng). temperature / top_k /
+        top_p override the sampler's setting for this call (e.g. temperature=0 for greedy
+        evaluation); each setting compiles once. row_block (i, n): the prompts are the
+        i-th of n equal blocks of a batch, sampled as they would be in the whole batch.
+        Returns [B x G, ...] fields.
+        """
+        sampling = self.sampling
+        overrides = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if overrides:
+            sampling = dataclasses.replace(sampling, **overrides)
+            self._check_sampling(sampling, self.model_config)
+        prompt_ids, prompt_mask = self._inputs(prompt_ids, prompt_mask, num_samples)
+        params = self.prepare_params(params)
+        row_block = (int(row_block[0]), int(row_block[1]))
+        args = (params, prompt_ids, prompt_mask, rng, sampling, int(num_samples), row_block)
+        if self.mesh is None:
+            return self._jitted(*args)
+        with sharding.activation_rules(self.mesh, self.rules):
+            return self._jitted(*args)
+
+    def abstract_inputs(self, num_prompts: int, abstract_params):
+        """The decode program's arguments as ShapeDtypeStructs with their shardings, for
+        `num_prompts` prompts of max_prompt_len tokens: params in the sampler's dtype and
+        layout (from the policy's abstract params), prompt ids and mask, a PRNG key."""
+        if self.mesh is None:
+            raise ValueError("abstract_inputs: the sampler has no mesh to place inputs on")
+
+        def param(x, target):
+            dtype = self.dtype if jnp.issubdtype(x.dtype, jnp.floating) and self.dtype else x.dtype
+            return jax.ShapeDtypeStruct(x.shape, dtype, sharding=target)
+
+        params = jax.tree_util.tree_map(param, nn.unbox(abstract_params), self._params_shardings)
+        shape = (num_prompts, self.max_prompt_len)
+        ids = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._prompt_sharding)
+        mask = jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=self._prompt_sharding)
+        return params, ids, mask, sharding.abstract_key(self.mesh)
+
+    def lower(self, abstract_params, num_prompts: int, num_samples: int = 1, **overrides):
+        """The whole decode program `generate` runs (prefill and the token loop) for
+        num_prompts x num_samples rows, lowered from abstract inputs (nothing allocated):
+        `.compile()` it for the sampler mesh's devices, whatever the host's backend.
+        overrides: temperature / top_k / top_p, as in `generate`."""
+        sampling = dataclasses.replace(self.sampling, **overrides)
+        self._check_sampling(sampling, self.model_config)
+        sharding.check_batch("sampler batch size", num_prompts * num_samples, self.mesh, self.rules)
+        args = self.abstract_inputs(num_prompts, abstract_params)
+        with sharding.activation_rules(self.mesh, self.rules):
+            return self._jitted.lower(*args, sampling, int(num_samples), (0, 1))
+
+    def lower_prefill(self, abstract_params, num_prompts: int, num_samples: int = 1):
+        """The prefill alone (the prompts through the model into the KV cache of the
+        decode loop's first segment), lowered as `lower` does: the part of the decode
+        program whose cost grows with the prompt, for memory and FLOP figures."""
+        params, ids, mask, _ = self.abstract_inputs(num_prompts, abstract_params)
+        prefill = functools.partial(
+            decode_lib.prefill_prompts,
+            model=self.model,
+            max_new_tokens=self.max_new_tokens,
+            cache_dtype=self._cache_dtype,
+            num_samples=int(num_samples),
+            data_shards=self.data_shards,
+        )
+        jitted = jax.jit(
+            prefill,
+            in_shardings=(self._params_shardings, self._prompt_sharding, self._prompt_sharding),
+        )
+        with sharding.activation_rules(self.mesh, self.rules):
+            return jitted.lower(params, ids, mask)
+
+    def sample_k(self, params, prompt_ids, prompt_mask, rng, k: int, **overrides) -> SampleOutput:
+        """k completions per prompt (for pass@k and group rollouts): fields are [B, k, ...]."""
+        if not (isinstance(k, int | np.integer) and k >= 1):
+            raise ValueError(f"sample_k k={k}: must be an integer >= 1")
+        batch = jnp.shape(prompt_ids)[0]
+        out = self.generate(params, prompt_ids, prompt_mask, rng, num_samples=k, **overrides)
+        return jax.tree_util.tree_map(lambda x: x.reshape((batch, k) + x.shape[1:]), out)
+
+
+def make_sampler(
+    model_config: model_lib.ModelConfig,
+    *,
+    max_prompt_len: int,
+    max_new_tokens: int,
+    stop_ids: tuple[int, ...],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    top_p_candidates: int = 64,
+    mesh: jax.sharding.Mesh | None = None,
+    rules=None,
+    dtype: str | None = None,
+    cache_dtype: str | None = None,
+    vocab_size: int | None = None,
+) -> Sampler:
+    """Validates the settings and returns a `Sampler` bound to them.
+
+    stop_ids: the token ids that end a completion (a tokenizer's `stop_ids`).
+    vocab_size: the tokenizer's vocabulary, when the model's has rows past it.
+    top_p_candidates: top-p looks for its cut among this many most likely tokens, and
+      sorts the whole vocabulary only when, for some row, they hold less than top_p.
+    mesh, rules: the sampler's own mesh (over the same devices as training's, any shape,
+      e.g. (1, 1, 8) for tensor parallelism) and rule table (default
+      `sharding.DEFAULT_RULES`); params are sharded by their logical axes, rows over
+      `batch`. None: one device.
+    dtype: dtype name the sampler casts the weights to and computes in (default: the
+      model's); cache_dtype: that of the KV cache (default: the compute dtype).
+    """
+    return Sampler(
+        model_config,
+        max_prompt_len=max_prompt_len,
+        max_new_tokens=max_new_tokens,
+        stop_ids=stop_ids,
+        pad_id=pad_id,
+        sampling=SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, top_p_candidates=top_p_candidates
+        ),
+        mesh=mesh,
+        rules=rules,
+        dtype=dtype,
+        cache_dtype=cache_dtype,
+        vocab_size=vocab_size,
+    )

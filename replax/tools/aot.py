@@ -1,0 +1,508 @@
+"""Ahead-of-time compilation of a run's programs for a TPU topology, on any host.
+
+libtpu compiles for a TPU it does not have: `jax.experimental.topologies` describes a
+slice (e.g. `v5e:2x2`, four v5e chips) as devices that programs lower and compile for,
+and the compiled programs report the TPU compiler's own memory (`memory_analysis()`) and
+cost (`cost_analysis()`) figures. `target(name)` gives such a slice with its chips'
+published figures; `run_programs(run)` lowers every program a run executes from abstract
+inputs, with the shardings, dtypes and options `replax.run.assemble` gave it (so the
+programs are those scripts/train.py compiles on the slice); `compile_figures` compiles one
+and reads its figures; `roofline` models a program's time on a chip from FLOPs and bytes,
+which is what the modelled generation / training cost ratio (mu) comes from. Nothing here
+runs a program or allocates device memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from replax.core import sharding
+from replax.model import flops as flops_lib
+from replax.rl import evaluation, rollouts
+from replax.rl import train_step as train_step_lib
+from replax.run import assemble as run_lib
+from replax.sampling import decode as decode_lib
+
+GIB = 2**30
+
+# A program fits when its peak is at most this share of a chip's HBM: the rest is the
+# runtime's own buffers and fragmentation.
+FIT_FRACTION = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One TPU chip's published figures."""
+
+    hbm_bytes: int
+    bf16_flops_per_s: float
+    hbm_bytes_per_s: float
+
+
+# Per chip, from Google Cloud's TPU system-architecture pages (cloud.google.com/tpu/docs/
+# v4, /v5e, /v5p and /v6e): HBM capacity, peak bf16 compute, HBM bandwidth. v4: 32 GiB,
+# 275 TFLOP/s, 1,228 GB/s; v5e: 16 GiB, 197 TFLOP/s, 819 GB/s; v5p: 95 GB, 459 TFLOP/s,
+# 2,765 GB/s; v6e (Trillium): 32 GiB, 918 TFLOP/s, 1,640 GB/s.
+CHIPS: Mapping[str, Chip] = {
+    "v4": Chip(32 * GIB, 275e12, 1228e9),
+    "v5e": Chip(16 * GIB, 197e12, 819e9),
+    "v5p": Chip(95 * 10**9, 459e12, 2765e9),
+    "v6e": Chip(32 * GIB, 918e12, 1640e9),
+}
+
+# The Cloud TPU names of common slices (accelerator types count chips for v5e / v6e and
+# TensorCores for v4 / v5p), as topologies.
+ALIASES: Mapping[str, str] = {
+    "v5e-1": "v5e:1x1",
+    "v5e-4": "v5e:2x2",
+    "v5e-8": "v5e:2x4",
+    "v5e-16": "v5e:4x4",
+    "v5e-64": "v5e:8x8",
+    "v5e-256": "v5e:16x16",
+    "v6e-1": "v6e:1x1",
+    "v6e-4": "v6e:2x2",
+    "v6e-8": "v6e:2x4",
+    "v4-8": "v4:2x2x1",
+    "v5p-8": "v5p:2x2x1",
+    "v5p-128": "v5p:4x4x4",
+}
+# Topologies checked to compile here (any slice of these generations whose shape libtpu
+# accepts works; these are the ones the error message offers).
+KNOWN = (
+    "v5e:1x1",
+    "v5e:2x2",
+    "v5e:2x4",
+    "v5e:4x4",
+    "v5e:16x16",
+    "v6e:2x2",
+    "v6e:2x4",
+    "v4:2x2x1",
+    "v5p:2x2x1",
+    "v5p:4x4x4",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A TPU slice to compile for: its devices (one per chip, or per TensorCore where
+    libtpu lays a chip out as two), hosts and chips."""
+
+    name: str
+    generation: str
+    chip: Chip
+    devices: tuple[Any, ...]
+    hosts: int
+    chips: int
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        return self.chip.hbm_bytes * self.chips // len(self.devices)
+
+
+def _dims(name: str) -> tuple[str, tuple[int, ...]]:
+    match = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})", name)
+    if not match:
+        raise ValueError(
+            f"--topology={name}: unknown; known are {', '.join(KNOWN)} (or GEN:AxB[xC] of "
+            f"{', '.join(CHIPS)}; aliases {', '.join(ALIASES)})"
+        )
+    return match.group(1), tuple(int(d) for d in match.group(2).split("x"))
+
+
+def _chips_per_host(generation: str, dims: tuple[int, ...]) -> tuple[int, int, int]:
+    """The host shape of a slice: v5e and v6e hosts hold up to 8 chips (a single-host
+    slice of 1, 4 or 8; 4 a host in multi-host slices), v4 and v5p hosts 4 (2x2x1)."""
+    dims3 = (*dims, 1)[:3]
+    chips = math.prod(dims3)
+    if generation in ("v5e", "v6e") and chips <= 8:
+        return dims3
+    return (2, 2, 1)
+
+
+def _quiet_libtpu() -> None:
+    """libtpu on a host that is not a TPU VM asks the VM's metadata and warns; compiling
+    for a described topology needs neither."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    # Compiling takes no TPU, so several processes (tests in parallel) may load libtpu.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def target(name: str) -> Target:
+    """The slice `name` (e.g. 'v5e:2x2', or a Cloud name such as 'v5e-8'). ValueError for
+    an unknown name, ImportError when libtpu is not installed."""
+    name = ALIASES.get(name, name)
+    generation, dims = _dims(name)
+    try:
+        import libtpu  # noqa: F401 - only whether it is there
+    except ImportError:
+        raise ImportError(
+            "libtpu is not installed: pip install -e '.[tpu]' (it compiles for TPUs on any host)"
+        ) from None
+    from jax.experimental import topologies
+
+    _quiet_libtpu()
+    host = _chips_per_host(generation, dims)
+    try:
+        topology = topologies.get_topology_desc(
+            platform="tpu", topology_name=name, chips_per_host_bounds=host
+        )
+    except Exception as e:  # noqa: BLE001 - libtpu's message for a shape it does not lay out
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"--topology={name}: libtpu cannot lay it out ({first})") from None
+    devices = tuple(topology.devices)
+    return Target(
+        name=name,
+        generation=generation,
+        chip=CHIPS[generation],
+        devices=devices,
+        hosts=len({d.process_index for d in devices}),
+        chips=math.prod(dims),
+    )
+
+
+# PROGRAMS
+
+
+def _struct(shape, dtype, mesh, axes, rules) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.named(mesh, axes, rules))
+
+
+def _fresh_rollouts(run, rows: int) -> tuple:
+    """add_and_sample's inputs of one generating step, abstract: R rows of prompts,
+    completions and rewards laid out over the trainer's rows, and the step scalars."""
+    mesh, rules, c = run.mesh, run.rules, run.spec.rollout
+    row = lambda n, dtype: _struct((rows, n), dtype, mesh, ("batch", None), rules)
+    completion = {
+        "tokens": row(c.max_new_tokens, jnp.int32),
+        "mask": row(c.max_new_tokens, jnp.bool_),
+        "logprobs": row(c.max_new_tokens, jnp.float32),
+    }
+    rewards = _struct((rows,), jnp.float32, mesh, ("batch",), rules)
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=sharding.replicated(mesh))
+    return (
+        row(c.max_prompt_len, jnp.int32),
+        row(c.max_prompt_len, jnp.bool_),
+        completion,
+        rewards,
+        scalar(jnp.int32),
+        sharding.abstract_key(mesh),
+        scalar(jnp.bool_),
+        scalar(jnp.int32),
+    )
+
+
+def _lower_train_step(run, train_state):
+    shapes = rollouts.batch_spec(run.spec.train.batch_size, run.seq_len)
+    shardings = train_step_lib.batch_shardings(run.mesh, run.rules, shapes)
+    batch = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in shapes.items()
+    }
+    with sharding.activation_rules(run.mesh, run.rules):
+        return run.train_step.jitted.lower(train_state, batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A program of a run: `lower()` lowers it from abstract inputs; `holds` names the
+    parts of the run's resident state (`resident_bytes`) among its arguments."""
+
+    lower: Callable[[], Any]
+    holds: tuple[str, ...] = ()
+
+
+def device_bytes(tree) -> int:
+    """Bytes one device holds of abstract arrays (ShapeDtypeStructs with shardings): the
+    largest shard of each leaf."""
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shard) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+# What a run keeps in device memory from step to step, beside any one program's inputs.
+RESIDENT = ("train_state", "replay_store")
+
+
+def resident_bytes(run) -> dict[str, int]:
+    """Per device: the train state (weights and optimizer state), the replay store, and
+    of the train state the weights (the sampler's weight cast reads them)."""
+    train_state, replay_state = run_lib.abstract_states(run)
+    return {
+        "train_state": device_bytes(train_state),
+        "replay_store": device_bytes(replay_state),
+        "train_params": device_bytes(train_state.params),
+    }
+
+
+def peak_in_run(figures: Mapping[str, Any], program: Program, resident: Mapping[str, int]) -> int:
+    """A program's peak while the run's resident state also sits in the devices' memory:
+    its own peak plus the resident parts that are not among its arguments."""
+    held = sum(resident[k] for k in program.holds)
+    return figures["peak_bytes_per_chip"] + sum(resident[k] for k in RESIDENT) - held
+
+
+def run_programs(run, eval_mesh=None) -> dict[str, Program]:
+    """name -> `Program`: how to lower that program of `run` (a `replax.run.assemble.Run`) from
+    abstract inputs: each is what the run's loop calls, at the run's shapes.
+
+    train_step: one optimizer step on B rollouts. replay_add_and_sample: freeze the
+    fresh rollouts' advantages, add them to the store, draw the batch. sampler_weights: the
+    policy's weights cast and laid out for the sampler (on the sampler's devices; with
+    disjoint placement, after the copy to them). sampler_prefill: the prompts into the
+    KV cache. sampler_decode: the whole generation program (prefill and token loop) of
+    R = prompts x G rows. eval_greedy / eval_pass_at_k: held-out evaluation's programs.
+    weight_copy (disjoint placement over several hosts): the reshard that moves the
+    trainer's weights to every host's sampler layout.
+    """
+    c = run.spec
+    train_state, replay_state = run_lib.abstract_states(run)
+    params = train_state.params
+    sampler = run.sampler
+    eval_mesh = eval_mesh or sampler.mesh
+    colocated = set(sampler.mesh.devices.flat) == set(run.mesh.devices.flat)
+    programs = {
+        "train_step": Program(lambda: _lower_train_step(run, train_state), ("train_state",)),
+        "replay_add_and_sample": Program(
+            lambda: run.add_and_sample.lower(
+                replay_state, *_fresh_rollouts(run, c.rollouts_per_step)
+            ),
+            ("replay_store",),
+        ),
+        "sampler_weights": Program(
+            lambda: _lower_prepare(sampler, params), ("train_params",) if colocated else ()
+        ),
+        "sampler_prefill": Program(
+            lambda: sampler.lower_prefill(params, c.rollout.prompts_per_step, c.rollout.group_size)
+        ),
+        "sampler_decode": Program(
+            lambda: sampler.lower(params, c.rollout.prompts_per_step, c.rollout.group_size)
+        ),
+    }
+    greedy, sample = evaluation.make_samplers(
+        run.model_config,
+        run.tokenizer,
+        max_prompt_len=c.rollout.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+        mesh=eval_mesh,
+        rules=run.rules,
+        **c.rollout.numerics(),
+    )
+    # Evaluation decodes eval.max_rows rows a call (`evaluation.Evaluator`).
+    greedy_prompts = c.eval.num_prompts // c.eval.blocks(c.eval.num_prompts, 1)
+    programs["eval_greedy"] = Program(lambda: greedy.lower(params, greedy_prompts))
+    if c.eval.pass_k > 0 and c.eval.pass_k_prompts > 0:
+        prompts = min(c.eval.pass_k_prompts, c.eval.num_prompts)
+        prompts //= c.eval.blocks(prompts, c.eval.pass_k)
+        programs["eval_pass_at_k"] = Program(lambda: sample.lower(params, prompts, c.eval.pass_k))
+    if not colocated:
+        copy = _weight_copy(run, params)
+        if copy is not None:
+            programs["weight_copy"] = Program(copy, ("train_params",))
+    return programs
+
+
+def _lower_prepare(sampler, params):
+    """The sampler's cast-and-reshard of the weights, from params in the sampler's layout
+    and the policy's dtype (where a disjoint copy leaves them, or colocated, where the
+    trainer's layout is resharded inside the same program)."""
+    source_devices = jax.tree_util.tree_leaves(params)[0].sharding.device_set
+    if source_devices != set(sampler.mesh.devices.flat):  # disjoint: after the copy
+        params = jax.tree_util.tree_map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            params,
+            sampler._params_shardings,
+        )
+    return sampler._prepare.lower(params)
+
+
+def _weight_copy(run, params):
+    """The cross-host stage of the disjoint weight copy (`sharding.copy_to_process_mesh`),
+    lowered for the process whose sampler devices run_programs sees; None on one host,
+    where the copy is a device-to-device transfer with no program of its own."""
+    if len({d.process_index for d in run.mesh.devices.flat}) == 1:
+        return None
+    targets = jax.tree_util.tree_leaves(run.sampler._params_shardings)
+    leaves = jax.tree_util.tree_leaves(params)
+    stage = sharding.process_copy_stage(leaves, targets)
+    return lambda: stage.lower(leaves)
+
+
+# FIGURES
+
+MEMORY_FIELDS = {
+    "argument_bytes": "argument_size_in_bytes",
+    "output_bytes": "output_size_in_bytes",
+    "alias_bytes": "alias_size_in_bytes",
+    "temp_bytes": "temp_size_in_bytes",
+    "code_bytes": "generated_code_size_in_bytes",
+}
+
+
+def compile_figures(lower: Callable[[], Any], hbm_bytes: int) -> tuple[Any, dict[str, Any]]:
+    """(compiled, figures): lower and compile one program; its per-device memory (the
+    arguments and outputs it holds, less the outputs that reuse donated arguments, plus
+    temporaries and code: the peak), FLOPs and bytes accessed as the compiler counts them
+    (a loop's body once, whatever its trip count), and the seconds taken."""
+    start = time.perf_counter()
+    lowered = lower()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    out = {key: int(getattr(memory, field)) for key, field in MEMORY_FIELDS.items()}
+    out["peak_bytes_per_chip"] = (
+        out["argument_bytes"]
+        + out["output_bytes"]
+        - out["alias_bytes"]
+        + out["temp_bytes"]
+        + out["code_bytes"]
+    )
+    out["peak_fraction"] = round(out["peak_bytes_per_chip"] / hbm_bytes, 4)
+    out["fits"] = out["peak_bytes_per_chip"] <= FIT_FRACTION * hbm_bytes
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list | tuple):  # older jax: one dict per computation
+        cost = cost[0] if cost else {}
+    out["flops"] = float(cost.get("flops", 0.0))
+    out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
+    out["compile_s"] = round(seconds, 2)
+    return compiled, out
+
+
+# MODELLED TIMES
+
+
+def roofline_s(flops: float, bytes_accessed: float, chip: Chip) -> float:
+    """A program's time on one chip if it ran at the chip's peak compute or bandwidth,
+    whichever bounds it: max(FLOPs / peak FLOP/s, bytes / HBM bandwidth)."""
+    return max(flops / chip.bf16_flops_per_s, bytes_accessed / chip.hbm_bytes_per_s)
+
+
+def _mean_cache_len(prompt_len: int, new_tokens: int) -> float:
+    """The mean number of cache slots a decode step reads: step t of the loop reads its
+    segment's cache of P - 1 + (segment end) slots (`replax.sampling.decode`)."""
+    ends = decode_lib._segment_ends(new_tokens)
+    total, start = 0, 0
+    for end in ends:
+        total += (end - start) * (prompt_len - 1 + end)
+        start = end
+    return total / new_tokens
+
+
+def slice_chips(name: str) -> tuple[str, int]:
+    """(generation, chips) of a topology or Cloud name, without libtpu."""
+    generation, dims = _dims(ALIASES.get(name, name))
+    return generation, math.prod(dims)
+
+
+def modelled_mu_of_config(config_flag: str, topology: str, overrides=None) -> dict[str, Any]:
+    """`modelled_mu` of a config file's run (`FILE[:VARIANT]`, as --config takes it, with
+    {KEY: VALUE} overrides) on a slice: what compare.py's
+    --mu_model=tpu:FILE[:VARIANT]:TOPOLOGY uses."""
+    from replax.config import build as configuration
+    from replax.config import spec as spec_lib
+    from replax.tools import experiments
+
+    config = experiments.file_config(config_flag)
+    for key, value in (overrides or {}).items():
+        experiments.set_value(config, key, value)
+    if config.model.get("init") == "checkpoint" and not config.model.get("checkpoint"):
+        config.model.init = "random"  # the shapes are the config's; no weights needed
+    spec = spec_lib.parse(config)
+    model_config = configuration.model_config(spec.model)
+    generation, chips = slice_chips(topology)
+    dtype = spec.rollout.dtype or model_config.dtype
+    return modelled_mu(spec, model_config, CHIPS[generation], chips, jnp.dtype(dtype).itemsize)
+
+
+def parse_mu_model(text: str) -> tuple[str, str] | None:
+    """'tpu:FILE[:VARIANT]:TOPOLOGY' -> (FILE[:VARIANT], TOPOLOGY); None for a number."""
+    match = re.fullmatch(r"tpu:(?P<config>.+):(?P<topology>(v4|v5e|v5p|v6e)(:[\dx]+|-\d+))", text)
+    if match:
+        return match.group("config"), match.group("topology")
+    try:
+        float(text)
+    except ValueError:
+        raise ValueError(
+            f"--mu_model={text}: a number, or tpu:CONFIG_FILE[:VARIANT]:TOPOLOGY "
+            "(e.g. tpu:configs/gsm8k.py:qwen2.5-1.5b-instruct:v5e-8)"
+        ) from None
+    return None
+
+
+def modelled_mu(
+    spec, model_config, chip: Chip, chips: int, sampler_dtype_bytes: int
+) -> dict[str, Any]:
+    """The modelled cost of generating and of training on one rollout on `chips` chips, from
+    the model's matmul FLOPs (`replax.model.flops`, the accounting the runs use) and the bytes
+    each phase must move through HBM, at the chip's peaks (`roofline_s`): a lower bound
+    of each phase's time, never a measurement.
+
+    The compiler's own cost_analysis cannot give these totals: it counts the body of a
+    loop once, and the layers (nn.scan), microbatches, logits chunks and decode steps are
+    all loops. The bytes: a decode step reads every weight and the KV cache of its rows,
+    a prefill the weights once and writes the cache, a train step reads the weights
+    in the forward, the recomputation and the backward pass and updates the float32
+    weights and two Adam moments. Chips split FLOPs and bytes evenly (data and fsdp
+    parallel rows, sharded weights).
+    """
+    c = spec.rollout
+    r, b = spec.rollouts_per_step, spec.train.batch_size
+    p, n = c.max_prompt_len, c.max_new_tokens
+    layers, kv, d = model_config.num_layers, model_config.num_kv_heads, model_config.head_dim
+    weights = flops_lib.param_count(model_config)
+    cache_len = _mean_cache_len(p, n)
+    kv_bytes_per_slot = 2 * layers * kv * d * sampler_dtype_bytes  # keys and values
+    # DECODE: one token for each of R rows.
+    step_flops = r * flops_lib.forward_flops_per_token(model_config, cache_len)
+    step_bytes = weights * sampler_dtype_bytes + r * cache_len * kv_bytes_per_slot
+    decode_step_s = roofline_s(step_flops / chips, step_bytes / chips, chip)
+    # PREFILL: the P prompt tokens of each of the R / G prompts (repeated per row after).
+    prompts = c.prompts_per_step
+    prefill_flops = prompts * p * flops_lib.forward_flops_per_token(model_config, p / 2)
+    prefill_bytes = weights * sampler_dtype_bytes + r * p * kv_bytes_per_slot
+    prefill_s = roofline_s(prefill_flops / chips, prefill_bytes / chips, chip)
+    generation_s = prefill_s + n * decode_step_s
+    # TRAIN: forward, recomputed forward (remat) and backward (2x) on B x T tokens.
+    seq = spec.seq_len
+    recompute = 1.0 if model_config.remat_policy != "none" else 0.0
+    train_flops = (3.0 + recompute) * b * seq * flops_lib.forward_flops_per_token(model_config, seq)
+    param_bytes = weights * jnp.dtype(model_config.param_dtype).itemsize
+    compute_bytes = weights * jnp.dtype(model_config.dtype).itemsize
+    passes = spec.train.num_microbatches * (3.0 + recompute)
+    # Adam: read and write the float32 weights, both moments and the gradient.
+    train_bytes = passes * compute_bytes + 7 * param_bytes
+    train_s = roofline_s(train_flops / chips, train_bytes / chips, chip)
+    gen_per_rollout = generation_s / r
+    train_per_rollout = train_s / b
+    return {
+        "decode_step_s": decode_step_s,
+        "prefill_s": prefill_s,
+        "generation_s": generation_s,
+        "train_step_s": train_s,
+        "generation_s_per_rollout": gen_per_rollout,
+        "train_s_per_rollout": train_per_rollout,
+        "mu": gen_per_rollout / train_per_rollout,
+        "mean_cache_len": cache_len,
+    }
+
+
+class ShapeTokenizer:
+    """What a run's programs take from a tokenizer (stop and padding ids, the sampled
+    vocabulary), for compiling a model whose tokenizer files are not at hand: the ids
+    change no shape, so the compiled programs are those of the real tokenizer."""
+
+    def __init__(self, vocab_size: int):
+        self.stop_ids = (vocab_size - 1,)
+        self.pad_id = 0
+        self.sample_limit = vocab_size

@@ -1,0 +1,35 @@
+"""Tests for replax/config/migration.py: a stored config from an earlier replax gets the old
+value of each setting added since."""
+
+from replax.config import migration
+
+
+def test_missing_settings_get_their_old_values_and_present_ones_stay():
+    old = {"model": {"d_model": 32, "scan_layers": True}, "seed": 0}
+    new = migration.migrate(old)
+    assert new["model"] == {
+        "d_model": 32,
+        "scan_layers": True,  # as the run had it
+        "remat_policy": "none",
+        "attention": "einsum",
+    }
+    assert new["train"] == {
+        "num_microbatches": 1,
+        "logits_chunk_size": 0,
+        "max_steps_per_generation": 1,
+    }
+    assert new["rollout"]["mesh_shape"] == [] and new["seed"] == 0
+    assert new["rollout"]["placement"] == "colocated"  # what every earlier run did
+    assert old == {"model": {"d_model": 32, "scan_layers": True}, "seed": 0}  # a copy
+
+
+def test_every_added_setting_is_in_the_shipped_config():
+    import os
+
+    from replax.tools import experiments
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    c = experiments.load_config(os.path.join(root, "configs", "arith.py"), None)
+    for key in migration.ADDED_KEYS:
+        section, leaf = key.split(".")
+        assert leaf in c[section], key

@@ -1,0 +1,91 @@
+"""Tests for replax/config/spec.py: the ConfigDict read once into frozen sections that check
+themselves, and back to the same plain dict (the run's config.json)."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from replax.config import spec as spec_lib
+from replax.core.config_utils import ConfigError
+from replax.tools import experiments
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def arith(variant="replay"):
+    return experiments.load_config(os.path.join(ROOT, "configs", "arith.py"), variant)
+
+
+@pytest.mark.parametrize("variant", ["replay", "onpolicy"])
+def test_the_spec_is_the_config_and_writes_the_same_dict(variant):
+    c = arith(variant)
+    spec = spec_lib.parse(c)
+    assert spec.rollout.group_size == c.rollout.group_size == 8
+    assert spec.rollouts_per_step == c.rollout.prompts_per_step * 8
+    assert spec.seq_len == 16 and spec.model.max_len == 32
+    # The config.json a run writes, byte for byte as the ConfigDict's.
+    dump = lambda d: json.dumps(d, sort_keys=True, default=list)  # noqa: E731
+    assert dump(spec.to_dict()) == dump(c.to_dict())
+    assert spec_lib.parse(json.loads(dump(spec.to_dict()))) == spec  # a config.json parses
+
+
+def test_sections_are_frozen_and_check_themselves():
+    spec = spec_lib.parse(arith())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.rollout.group_size = 2
+    with pytest.raises(ConfigError, match=r"^rollout.group_size=1: group advantages"):
+        dataclasses.replace(spec.rollout, group_size=1)
+    with pytest.raises(ConfigError, match=r"^loss.name='dpo': allowed are"):
+        dataclasses.replace(spec.loss, name="dpo")
+    assert dataclasses.replace(spec.log, print_every_s=0).print_every_s == 0  # every step
+    with pytest.raises(ConfigError, match=r"^log.print_every_s=-1: must be a finite number >= 0"):
+        dataclasses.replace(spec.log, print_every_s=-1)
+    with pytest.raises(ConfigError, match=r"^eval.num_samples=-1: must be an integer >= 0"):
+        dataclasses.replace(spec.eval, num_samples=-1)
+    # A cross-section rule runs when the spec is made from its sections.
+    small = dataclasses.replace(spec.replay, capacity=8)
+    with pytest.raises(ConfigError, match="smaller than train.batch_size=64"):
+        dataclasses.replace(spec, replay=small)
+
+
+def test_library_arguments_come_from_the_sections():
+    spec = spec_lib.parse(arith())
+    assert spec.loss.config().dual_clip == 3.0
+    assert spec.optimizer_config().total_steps == 1600
+    assert spec.replay.buffer_kwargs()["max_age"] is None  # 0: no limit
+    assert spec.rollout.numerics() == {"dtype": None, "cache_dtype": None}
+    assert spec.sampler_mesh_shape == (-1, 1, 1)  # empty rollout.mesh_shape: training's
+    assert spec.model.config().d_model == 128
+    assert spec.task.kwargs["max_digits"] == 3 and "num_train" not in spec.task.kwargs
+
+
+def test_a_key_unknown_or_missing_is_one_line():
+    c = arith().to_dict()
+    c["train"]["batch_sise"] = 64
+    with pytest.raises(
+        ConfigError,
+        match=r"^unknown config key train.batch_sise \(did you mean train.batch_size\?\): "
+        r"train has",
+    ):
+        spec_lib.parse(c)
+    c = arith().to_dict()
+    del c["replay"]["mu"]
+    with pytest.raises(ConfigError, match=r"^config key replay.mu is missing$"):
+        spec_lib.parse(c)
+
+
+def test_a_config_from_before_a_setting_existed_parses_under_its_old_value():
+    c = arith().to_dict()
+    del c["train"]["num_microbatches"], c["rollout"]["mesh_shape"], c["log"]
+    del c["eval"]["num_samples"]
+    spec = spec_lib.parse(c)
+    assert spec.train.num_microbatches == 1 and spec.rollout.mesh_shape == ()
+    assert spec.log.print_every_s == 60.0 and spec.eval.num_samples == 0
+
+
+def test_auto_max_period():
+    # y <= 8 with R = 16, B = 64 (y = 4 a generation): every 2nd step at most.
+    assert spec_lib.auto_max_period(8.0, 16, 64) == 2
+    assert spec_lib.auto_max_period(1.0, 16, 64) == 1  # at least every step

@@ -1,0 +1,303 @@
+"""Tests for replax/replay/auto.py: the estimators and the controller (the designs it
+plans with: tests/replay/test_designs.py)."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from replax.replay import auto as auto_replay
+from replax.replay.auto import (
+    AutoReplayController,
+)
+from replax.rl import rollouts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# ---------------------------------------------------------------- the controller
+
+
+def test_controller_plans_with_the_chosen_design():
+    def plan(design):
+        controller = AutoReplayController(
+            rollouts_per_generation=16, batch_size=32, capacity=4096, mu_override=6.0, design=design
+        )
+        controller.alpha, controller.rho = -0.3, 0.005
+        controller._plan()
+        return controller.metrics()
+
+    paper, long_run = plan("paper"), plan("long_run")
+    assert paper["auto_y_opt"] == pytest.approx(math.sqrt(6.0 / 0.005))
+    assert long_run["auto_y_opt"] == pytest.approx(math.sqrt(6.0 / 1.005))
+    # y = period x B / R: the period rounds up from 1 at most to the cap (8 here).
+    assert long_run["auto_y"] == pytest.approx(2.0 * max(1.0, math.sqrt(6.0 / 1.005) / 2.0))
+    assert paper["auto_y"] == pytest.approx(16.0)  # 8 generations apart, the cap
+    # Negative alpha: the horizon is the ring's whole lifetime, N / R generations.
+    assert long_run["auto_x"] == pytest.approx(4096 / 16 * long_run["auto_period"])
+    with pytest.raises(ValueError, match="design"):
+        AutoReplayController(rollouts_per_generation=16, batch_size=32, capacity=64, design="x")
+
+
+def test_controller_estimates_the_kept_fraction_and_plans_with_it():
+    controller = AutoReplayController(
+        rollouts_per_generation=16,
+        batch_size=32,
+        capacity=4096,
+        mu_override=6.0,
+        design="long_run",
+        ema=0.0,
+    )
+    controller.alpha, controller.rho = -0.3, 0.005
+    controller._plan()
+    assert controller.kept == 1.0
+    full = controller.metrics()
+    for step in range(10):  # 6 of 16 kept on the generating steps (every other one)
+        controller.observe(kept=6 if step % 2 == 0 else None)
+    m = controller.metrics()
+    assert m["auto_kept"] == pytest.approx(6 / 16)
+    assert m["auto_y_opt"] == pytest.approx(math.sqrt(6.0 / (16 / 6 + 0.005)))
+    assert m["auto_y_opt"] < full["auto_y_opt"]
+    # The ring holds N / (f R) generations, period steps apart.
+    assert m["auto_x"] == pytest.approx(4096 / 6 * m["auto_period"])
+    # No rollout kept in a window: clipped to the range, not zero.
+    for _ in range(10):
+        controller.observe(kept=0)
+    assert controller.kept == controller.kept_range[0]
+
+
+# ---------------------------------------------------------------- estimators
+
+
+def synthetic_stats(rng, *, alpha, signal, dim=400, half=32, age_fresh=0.0, age_stale=7.0):
+    """Half-batch statistics of g + noise, per-rollout noise variance (a + 1)^(2 alpha)."""
+    g = np.zeros(dim)
+    g[0] = math.sqrt(signal)
+    halves = []
+    for age in (age_fresh, age_stale):
+        variance = (age + 1) ** (2 * alpha)
+        halves.append(g + rng.normal(0, math.sqrt(variance / (half * dim)), dim))
+    grad_fresh, grad_stale = halves
+    cross = grad_fresh @ grad_stale
+    return {
+        "halves_cross": cross,
+        "halves_noise_fresh": grad_fresh @ grad_fresh - cross,
+        "halves_noise_stale": grad_stale @ grad_stale - cross,
+        "halves_age_fresh": age_fresh,
+        "halves_age_stale": age_stale,
+    }
+
+
+def test_estimators_are_exact_on_expected_statistics():
+    b, alpha = 32, 0.3
+    var_fresh, var_stale = 1.0, 8 ** (2 * alpha)
+    u, v = auto_replay.alpha_point(var_fresh / b, var_stale / b, 0.0, 7.0)
+    assert v / u == pytest.approx(2 * alpha)
+    rho = auto_replay.rho_estimate(
+        0.05, var_fresh / b, var_stale / b, half_size=b, rollouts_per_generation=32
+    )
+    assert rho == pytest.approx(32 * 0.05 / ((var_fresh + var_stale) / 2))
+    assert auto_replay.alpha_point(1.0, 2.0, 3.0, 3.0) is None  # equal ages: no information
+    assert auto_replay.alpha_point(-1.0, 2.0, 0.0, 3.0) is None
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.35])
+def test_controller_recovers_alpha_and_rho_from_synthetic_statistics(alpha):
+    rng = np.random.default_rng(0)
+    signal, r = 0.02, 32
+    controller = AutoReplayController(
+        rollouts_per_generation=r, batch_size=64, capacity=256, update_every=10, ema=0.9
+    )
+    for _ in range(600):
+        controller.observe(stats=synthetic_stats(rng, alpha=alpha, signal=signal))
+        # Steps whose halves have one age (between generations) carry no alpha information
+        # and must not dilute it (their noise is 1 per rollout, their signal set for one rho).
+        controller.observe(
+            stats=synthetic_stats(
+                rng,
+                alpha=0.0,
+                signal=signal / ((1 + 8 ** (2 * alpha)) / 2),
+                age_fresh=3,
+                age_stale=3,
+            )
+        )
+    true_rho = r * signal / ((1 + 8 ** (2 * alpha)) / 2)
+    assert controller.alpha == pytest.approx(alpha, abs=0.03)
+    assert controller.rho == pytest.approx(true_rho, rel=0.15)
+    m = controller.metrics()
+    assert m["auto_alpha"] == controller.alpha and m["auto_rho"] == controller.rho
+
+
+def planned(mu=None, alpha=0.25, steps=200, gen_s=None, train_s=None):
+    rng = np.random.default_rng(1)
+    controller = AutoReplayController(
+        rollouts_per_generation=32, batch_size=64, capacity=1024, mu_override=mu
+    )
+    for _ in range(steps):
+        controller.observe(
+            gen_s=gen_s, train_s=train_s, stats=synthetic_stats(rng, alpha=alpha, signal=0.005)
+        )
+    return controller
+
+
+def test_controller_plan_responds_in_the_right_direction():
+    cheap, costly = planned(mu=2.0).metrics(), planned(mu=30.0).metrics()
+    assert costly["auto_y_opt"] > cheap["auto_y_opt"] and costly["auto_x_opt"] > cheap["auto_x_opt"]
+    assert costly["auto_y"] > cheap["auto_y"] and costly["auto_x"] > cheap["auto_x"]
+    slow, fast = planned(mu=30.0, alpha=0.1), planned(mu=30.0, alpha=0.4)
+    assert fast.metrics()["auto_x_opt"] < slow.metrics()["auto_x_opt"]
+    assert fast.max_age() < slow.max_age()
+
+
+def test_mu_is_measured_from_timings_unless_overridden():
+    # 32 rollouts generated in 0.64 s, 64 trained on in 0.32 s: mu = 0.02 / 0.005 = 4.
+    measured = planned(gen_s=0.64, train_s=0.32, steps=20)
+    assert measured.mu == pytest.approx(4.0)
+    assert planned(mu=6.0, gen_s=0.64, train_s=0.32, steps=20).mu == 6.0
+    # The first (compiling) observation of each timer is skipped.
+    controller = AutoReplayController(rollouts_per_generation=32, batch_size=64, capacity=256)
+    controller.observe(gen_s=100.0, train_s=100.0)
+    controller.observe(gen_s=0.64, train_s=0.32)
+    assert controller.mu == pytest.approx(4.0)
+
+
+def test_generation_credit_realises_the_period_and_the_horizon_bounds():
+    controller = AutoReplayController(rollouts_per_generation=32, batch_size=64, capacity=256)
+    controller.period, controller.horizon = 2.5, 7.0
+    decisions = [controller.should_generate(step) for step in range(20)]
+    assert decisions[0] and sum(decisions) == 8  # one step in 2.5
+    assert controller.should_generate(19) == decisions[-1]  # asking twice agrees
+    assert controller.max_age() == 6
+    # The horizon stays within [max(period + 1, 2), period * N / R] steps.
+    controller = planned(mu=1000.0, alpha=0.02)
+    assert controller.horizon <= controller.period * 1024 / 32
+    controller = planned(mu=0.05, alpha=0.45)
+    assert controller.period == 1.0 and controller.horizon == 2.0 and controller.max_age() == 1
+
+
+def test_state_round_trip_through_json():
+    controller = planned(mu=None, gen_s=0.5, train_s=0.2, steps=37)
+    for step in range(5):
+        controller.should_generate(step)
+    restored = AutoReplayController.from_state_dict(json.loads(json.dumps(controller.state_dict())))
+    assert restored.metrics() == controller.metrics()
+    assert restored.state_dict() == controller.state_dict()
+    rng = np.random.default_rng(3)
+    for step in range(5, 40):
+        stats = synthetic_stats(rng, alpha=0.2, signal=0.01)
+        assert restored.should_generate(step) == controller.should_generate(step)
+        restored.observe(gen_s=0.4, train_s=0.2, stats=stats, kept=step % 32)
+        controller.observe(gen_s=0.4, train_s=0.2, stats=stats, kept=step % 32)
+    assert restored.metrics() == controller.metrics()
+    assert controller.kept < 1.0
+    # A state saved before the kept fraction was estimated restores with every rollout kept.
+    old = {
+        k: v
+        for k, v in controller.state_dict().items()
+        if k not in ("kept", "kept_init", "kept_range", "window_kept", "window_generated")
+    }
+    assert AutoReplayController.from_state_dict(old).kept == 1.0
+
+
+# ------------------------------------------------------------ the trainer in auto mode
+
+AUTO_MICRO = {
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.num_heads": 2,
+    "model.num_kv_heads": 1,
+    "model.head_dim": 16,
+    "model.mlp_dim": 64,
+    "model.init": "random",
+    "task.num_train": 64,
+    "task.num_test": 16,
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 4,
+    "train.batch_size": 16,
+    "replay.capacity": 64,
+    "eval.num_prompts": 16,
+    "eval.pass_k": 2,
+    "eval.pass_k_prompts": 8,
+    "eval.every": 4,
+    "checkpoint_every": 4,
+    "total_steps": 8,
+    "replay.mode": "auto",
+    "replay.auto_every": 3,
+    # Plan for an accelerator (mu = 20: generate about every 4th step); the micro policy
+    # solves nothing, so an entropy bonus gives the gradient statistics something to see.
+    "replay.mu": 20.0,
+    "replay.drop_zero_advantage": False,
+    "loss.entropy_coef": 0.01,
+}
+
+
+def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_path):
+    from replax.run import metrics as metrics_lib
+    from replax.run import trainer
+    from replax.tools import experiments
+
+    def config(total_steps):
+        c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+        for key, value in {**AUTO_MICRO, "total_steps": total_steps}.items():
+            experiments.set_value(c, key, value)
+        c.task.data_dir = str(tmp_path / "data")
+        os.makedirs(c.task.data_dir, exist_ok=True)
+        return c
+
+    timing = metrics_lib.TIMING_KEYS
+    strip = lambda records: [{k: v for k, v in r.items() if k not in timing} for r in records]
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        trainer.train(config(8), str(tmp_path / "full"), log=lambda _: None)
+        trainer.train(config(4), str(tmp_path / "resumed"), log=lambda _: None)
+        trainer.train(config(8), str(tmp_path / "resumed"), log=lambda _: None)
+    records = metrics_lib.read_metrics(str(tmp_path / "full"))
+    assert [r["step"] for r in records] == list(range(1, 9))
+    generated = [r["auto_generate"] for r in records]
+    assert generated[0] == 1 and 2 <= sum(generated) < 8
+    assert records[-1]["gen_rollouts"] == 8 * sum(generated)
+    assert records[-1]["train_rollouts"] == 16 * 8
+    # A step that generated nothing has no reward, not the last generating step's.
+    assert all((r["reward_mean"] is None) == (not r["auto_generate"]) for r in records)
+    # Nor completion statistics; the rate and the step's seconds are on every step.
+    for r in records:
+        for key in (*rollouts.FRESH_KEYS, "gen_tokens_per_s", "rollout_entropy"):
+            assert (r[key] is None) == (not r["auto_generate"]), (key, r["step"])
+        assert r["learning_rate"] > 0 and r["step_s"] > 0
+    keys = ("auto_mu", "auto_alpha", "auto_rho", "auto_kept", "auto_y", "auto_x")
+    for key in (*keys, *auto_replay.STAT_KEYS):
+        assert key in records[-1], key
+    assert records[-1]["auto_mu"] == 20.0
+    assert all(r["replay_age_max"] <= r["auto_max_age"] for r in records)
+    assert strip(metrics_lib.read_metrics(str(tmp_path / "resumed"))) == strip(records)
+
+
+def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
+    from replax.run import metrics as metrics_lib
+    from replax.run import trainer
+    from replax.tools import analysis, experiments
+
+    c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+    for key, value in AUTO_MICRO.items():
+        experiments.set_value(c, key, value)
+    c.task.data_dir = str(tmp_path / "data")
+    os.makedirs(c.task.data_dir, exist_ok=True)
+    # Auto mode in a comparison: the budget is in generated rollouts, the steps are room.
+    experiments.finalize_config(
+        c, budget_rollouts=16, num_evals=2, seed=0, learning_rate=1e-4, shared_dir=str(tmp_path)
+    )
+    r = experiments.rollouts_per_step(c)
+    assert c.total_rollouts == 16 and c.eval.every == 1
+    assert c.total_steps == 16 // r * int(c.replay.auto_max_y * r / c.train.batch_size)
+    workdir = str(tmp_path / "run")
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        summary = trainer.train(c, workdir, log=lambda _: None)
+        records = metrics_lib.read_metrics(workdir)
+        assert records[-1]["gen_rollouts"] == 16 and records[-2]["gen_rollouts"] < 16
+        assert len(records) < c.total_steps and summary["steps"] == len(records)
+        assert "eval_accuracy" in records[-1]
+        assert analysis.is_finished(workdir, c.total_steps, c.total_rollouts)
+        assert not analysis.is_finished(workdir, c.total_steps)
+        # Run again: the budget is spent, nothing more is generated or logged.
+        trainer.train(c, workdir, log=lambda _: None)
+    assert metrics_lib.read_metrics(workdir) == records

@@ -1,0 +1,126 @@
+"""Disjoint placement: the fixed schedule, a disjoint run against a colocated one, the
+policy-lag bookkeeping, resume with a generation in flight, and bad placements."""
+
+import json
+import os
+
+import pytest
+from runs import read, run_train
+
+from replax.rl import placement
+from replax.run import metrics
+
+TIMING = metrics.TIMING_KEYS
+PLACEMENT_KEYS = (
+    "policy_lag_mean",
+    "policy_lag_max",
+    "sampler_busy_frac",
+    "trainer_busy_frac",
+    "sync_s",
+    "wait_s",
+    "replay_ratio_realised",
+)
+DISJOINT = ("--config.rollout.placement=disjoint",)
+
+
+def without(records, keys):
+    return [{k: v for k, v in r.items() if k not in keys} for r in records]
+
+
+@pytest.mark.parametrize("k, lag, sync", [(1, 1, 1), (1, 0, 1), (2, 1, 1), (3, 2, 2), (4, 9, 3)])
+def test_plan_keeps_the_lag_bound_and_one_generation_in_flight(k, lag, sync):
+    plan = placement.Plan(steps_per_generation=k, max_policy_lag=lag, sync_every=sync)
+    for g in range(1, 40):
+        t, v = plan.added_at(g), plan.started_at(g)
+        assert t == g * k
+        assert t - v <= lag  # the fresh rollouts' policy lag
+        assert v >= plan.added_at(g - 1)  # after the previous generation was consumed
+        assert v % sync == 0 or v == t  # weights move at sync points (or when due)
+        assert plan.consumed_at(t) == g
+        for step in range(v + 1, t + 1):  # checkpoints after v hold g as pending
+            assert plan.in_flight_after(step) == g
+
+
+def test_plan_by_hand():
+    one_off = placement.Plan(steps_per_generation=1, max_policy_lag=1, sync_every=1)
+    assert [one_off.started_at(g) for g in range(4)] == [0, 0, 1, 2]
+    assert [one_off.in_flight_after(s) for s in range(1, 4)] == [1, 2, 3]
+    synchronous = placement.Plan(steps_per_generation=1, max_policy_lag=0, sync_every=1)
+    assert [synchronous.started_at(g) for g in range(4)] == [0, 1, 2, 3]
+    assert synchronous.in_flight_after(3) is None
+    # K = 4, L = 3, S = 2: generation 1 (added at 4) may start at 1, the weights move at 2.
+    sparse = placement.Plan(steps_per_generation=4, max_policy_lag=3, sync_every=2)
+    assert [sparse.started_at(g) for g in range(3)] == [0, 2, 6]
+    assert [sparse.consumed_at(s) for s in range(6)] == [0, None, None, None, 1, None]
+
+
+@pytest.fixture(scope="module")
+def disjoint_run(tmp_path_factory):
+    """A disjoint run with a lag of 1 (4 sampler and 4 trainer devices), uninterrupted."""
+    workdir = str(tmp_path_factory.mktemp("disjoint"))
+    proc = run_train(workdir, *DISJOINT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read(workdir)
+
+
+def test_disjoint_without_lag_trains_exactly_as_colocated(tmp_path):
+    # The sampler's 4 devices and the trainer's 4 against one process of 4 devices doing
+    # both: with max_policy_lag = 0 the same programs see the same inputs.
+    disjoint, colocated = str(tmp_path / "disjoint"), str(tmp_path / "colocated")
+    proc = run_train(disjoint, *DISJOINT, "--config.rollout.max_policy_lag=0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = run_train(colocated, env=four)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = read(disjoint)
+    assert [r["policy_lag_max"] for r in got] == [0] * len(got)
+    assert without(got, TIMING + PLACEMENT_KEYS) == without(read(colocated), TIMING)
+
+
+def test_disjoint_rollouts_are_one_step_behind_and_age_from_their_policy(disjoint_run):
+    records = disjoint_run
+    assert [r["policy_lag_mean"] for r in records] == [0] + [1] * (len(records) - 1)
+    assert all(r["policy_lag_max"] == r["policy_lag_mean"] for r in records)
+    # R = 8 fresh rollouts a step, B = 16 trained on: each is trained on twice.
+    assert all(r["replay_ratio_realised"] == 2.0 for r in records)
+    for r in records:
+        assert 0 <= r["sampler_busy_frac"] <= 1 and 0 < r["trainer_busy_frac"] <= 1
+    # A batch drawn at step s holds rollouts of policies up to s - 1: the youngest is 1.
+    assert all(r["replay_age_mean"] >= 1 for r in records[1:])
+
+
+def test_disjoint_steps_per_generation(tmp_path):
+    proc = run_train(str(tmp_path), *DISJOINT, "--config.train.max_steps_per_generation=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read(str(tmp_path))
+    # Generations enter at steps 0, 2, 4 (records are numbered after their step).
+    generated = [r["step"] - 1 for r in records if r["reward_mean"] is not None]
+    assert generated == [0, 2, 4]
+    assert records[-1]["gen_rollouts"] == 3 * 8
+    assert records[-1]["replay_ratio_realised"] == 6 * 16 / 24
+
+
+def test_resume_with_a_generation_in_flight_is_exact(tmp_path, disjoint_run):
+    # Killed while writing checkpoint 6: checkpoint 3 holds generation 3 (started at step
+    # 2, added at 3) as `pending`, and the resumed run adds it as the uninterrupted one did.
+    workdir = str(tmp_path)
+    proc = run_train(workdir, *DISJOINT, env={"REPLAX_CRASH_AT": "write:6"})
+    assert proc.returncode != 0
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "3", "pending"))
+    with open(os.path.join(workdir, "checkpoints", "3", "loop_state", "metadata")) as f:
+        assert json.load(f)["pending"]["generation"] == 3
+    proc = run_train(workdir, *DISJOINT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from step 3" in proc.stdout + proc.stderr
+    assert without(read(workdir), TIMING) == without(disjoint_run, TIMING)
+
+
+def test_a_bad_placement_exits_2_before_anything_is_written(tmp_path):
+    # Every bad placement setting is a row of tests/config/test_build.py's BAD_SETTINGS
+    # (and of docs/bad_input.md, each run as this one); here the whole script, once.
+    workdir = str(tmp_path / "run")
+    proc = run_train(workdir, *DISJOINT, "--config.rollout.num_devices=8")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rollout.num_devices=8 of 8 devices" in lines[0], proc.stderr
+    assert not os.path.exists(workdir)

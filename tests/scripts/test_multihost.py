@@ -1,0 +1,378 @@
+"""Several processes: scripts/train.py as 2 processes x 4 CPU devices on localhost (JAX's
+gloo collectives) against the same run as 1 process x 8 devices.
+
+The user task of tests/counting_task.py logs every reward call and every data build per
+process, so the tests see which process scored which completions and who built the data.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+from runs import MICRO, strip_timing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = "tests/counting_task.py"
+PROCESSES, DEVICES = 2, 4
+# R = 2 prompts x 4 = 8 rollouts a step: each process scores 4. Evaluation at steps 2
+# and 4, checkpoints at 2 and 4; the 2-process run stops after step 2 and resumes.
+R = 8
+STEPS = [
+    *MICRO,
+    "--config.total_steps=4",
+    "--config.eval.every=2",
+    "--config.checkpoint_every=2",
+]
+
+
+# One persistent compilation cache for the module's runs: a resumed run, and a run that
+# shares programs with an earlier one, load them instead of compiling again.
+_CACHE = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    _CACHE["dir"] = str(tmp_path_factory.mktemp("jax_cache"))
+    yield
+    _CACHE.clear()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _command(workdir, logs, extra):
+    return [
+        sys.executable,
+        "scripts/train.py",
+        f"--config={CONFIG}",
+        f"--workdir={workdir}",
+        *STEPS,
+        f"--config.task.log_dir={logs}",
+        *extra,
+    ]
+
+
+def _env(devices, **variables):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env.update(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        JAX_PLATFORMS="cpu",
+        JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+        JAX_COMPILATION_CACHE_DIR=_CACHE["dir"],
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        **variables,
+    )
+    return env
+
+
+def run_one_process(workdir, logs, *extra):
+    """The run as 1 process x 8 devices."""
+    os.makedirs(logs, exist_ok=True)
+    proc = subprocess.run(
+        _command(workdir, logs, extra),
+        cwd=ROOT,
+        env=_env(PROCESSES * DEVICES),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def run_processes(workdir, logs, *extra, command=None, as_flags=False, env=None, check=True):
+    """The run as 2 processes x 4 devices, coordinated through a free localhost port given
+    in JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID (or as_flags: in
+    train.py's --coordinator_address, --num_processes, --process_id). check=False: a
+    process may fail (its stdout is returned all the same)."""
+    os.makedirs(logs, exist_ok=True)
+    address = f"localhost:{_free_port()}"
+    files = lambda: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
+    outputs = [files() for _ in range(PROCESSES)]
+    command = command or _command(workdir, logs, extra)
+    procs = []
+    for i, (stdout, stderr) in enumerate(outputs):
+        where = dict(coordinator_address=address, num_processes=PROCESSES, process_id=i)
+        if as_flags:
+            flags, variables = [f"--{k}={v}" for k, v in where.items()], {}
+        else:
+            flags = []
+            variables = {f"JAX_{k.upper()}": str(v) for k, v in where.items()}
+        procs.append(
+            subprocess.Popen(
+                command + flags,
+                cwd=ROOT,
+                env=_env(DEVICES, **variables, **(env or {})),
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+            )
+        )
+    # A process that fails leaves the others waiting for it: stop them then.
+    deadline = time.time() + 900
+    try:
+        while time.time() < deadline and any(p.poll() is None for p in procs):
+            if any(p.poll() for p in procs):
+                break
+            time.sleep(1)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for stdout, stderr in outputs:
+        stdout.seek(0), stderr.seek(0)
+    # The process that failed first, not one stopped for it.
+    failed = sorted((p.returncode < 0, i) for i, p in enumerate(procs) if p.returncode)
+    if failed and check:
+        i = failed[0][1]
+        pytest.fail(f"process {i}: exit {procs[i].returncode}: {outputs[i][1].read()[-3000:]}")
+    # What each printed, less gloo's lines about its connections (written from several
+    # threads, so that one can break another).
+    gloo = lambda line: "[Gloo]" in line or "peer ranks" in line or not line.strip()
+    return ["".join(s for s in stdout if not gloo(s)) for stdout, _ in outputs]
+
+
+def read(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def logged(logs, kind):
+    """{process index: [lines]} of the task's logs of one kind, over every pid."""
+    out = {}
+    for name in sorted(os.listdir(logs)):
+        what, process, _ = name.split(".")
+        if what == kind:
+            with open(os.path.join(logs, name)) as f:
+                out.setdefault(int(process), []).extend(f.read().splitlines())
+    return out
+
+
+def data_builds(logs):
+    """{process: the task's `examples` calls that built a split}."""
+    calls = logged(logs, "examples").items()
+    built = {p: [c for c in lines if not c.endswith(" 1")] for p, lines in calls}
+    return {p: lines for p, lines in built.items() if lines}
+
+
+def train_answers(lines):
+    """The answers of training rollouts (train words are of letters abcd, test ones efgh)."""
+    return [a for a in lines if set(a) <= set("abcd")]
+
+
+def assert_same_metrics(records, reference):
+    """Equal keys; counts exact, floats to float32 rounding. Returns the largest relative
+    difference of a float of magnitude >= 1e-3."""
+    assert [r["step"] for r in records] == [r["step"] for r in reference]
+    worst = 0.0
+    for got, want in zip(strip_timing(records), strip_timing(reference)):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            if isinstance(value, float):
+                np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+                if abs(value) >= 1e-3:  # (not a loss of 3e-8 against 6e-8)
+                    worst = max(worst, abs(got[key] - value) / abs(value))
+            else:
+                assert got[key] == value, (got["step"], key, got[key], value)
+    return worst
+
+
+def assert_each_process_scored_its_rows(logs, reference_logs, steps, first=0):
+    """Process p scored R/2 training completions a generating step: rows [p R/2,
+    (p + 1) R/2) of the 1-process run's rows, in its order (those of its generating steps
+    first, first + 1, ...)."""
+    mine = {p: train_answers(lines) for p, lines in logged(logs, "reward").items()}
+    (everything,) = [train_answers(lines) for lines in logged(reference_logs, "reward").values()]
+    assert sorted(mine) == list(range(PROCESSES))
+    half = R // PROCESSES
+    for p, answers in mine.items():
+        assert len(answers) == half * steps, (p, len(answers))
+    for k in range(steps):
+        rows = [a for p in range(PROCESSES) for a in mine[p][k * half : (k + 1) * half]]
+        assert rows == everything[(first + k) * R : (first + k + 1) * R], k
+
+
+def one_process_reference(root, *extra):
+    """The 1-process x 8-device run's records and its task logs."""
+    workdir, logs = str(root / "run"), str(root / "logs")
+    run_one_process(workdir, logs, *extra)
+    return read(workdir), logs
+
+
+def replax_lines(stdout: str) -> list[str]:
+    """The lines of stdout that replax prints (progress, evaluation, summary)."""
+    words = ("accuracy", "final", "resumed", "warm start", "step")
+    return [line for line in stdout.splitlines() if any(w in line for w in words)]
+
+
+def test_two_processes_match_one_and_resume_in_fresh_processes(tmp_path):
+    """replay.sample_mode='global': one pool over both processes' shards."""
+    mode = "--config.replay.sample_mode=global"
+    reference_records, reference_logs = one_process_reference(tmp_path / "one", mode)
+    workdir, logs = str(tmp_path / "run"), str(tmp_path / "logs")
+    first = run_processes(workdir, logs, mode, "--config.total_steps=2")
+    # Data is built once, on process 0 (every process's config check reads 1 example);
+    # only process 0 prints.
+    assert data_builds(logs) == {0: ["train 64", "test 16"]}
+    # (Only replax's own lines are checked: a runtime library may print on any process.)
+    assert "final" in first[0] and not replax_lines(first[1])
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+    second = run_processes(workdir, logs, mode, as_flags=True)
+    assert "resumed from step 2" in second[0] and not replax_lines(second[1])
+    assert data_builds(logs) == {0: ["train 64", "test 16"]}  # the resumed run built none
+
+    records = read(workdir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # one line a step, once
+    worst = assert_same_metrics(records, reference_records)
+    print(f"largest relative difference of a float metric >= 1e-3: {worst:.3g}")
+    assert_each_process_scored_its_rows(logs, reference_logs, steps=4)
+    checkpoints = os.path.join(workdir, "checkpoints")
+    assert sorted(os.listdir(checkpoints)) == ["2", "4"]
+    for step in ("2", "4"):  # sealed by process 0 once every process had written
+        assert os.path.exists(os.path.join(checkpoints, step, "checksums.json"))
+    assert os.path.exists(os.path.join(workdir, "config.json"))
+    assert os.path.isdir(os.path.join(workdir, "tensorboard"))
+
+
+# Builds the run on each process and prints where its replay store lives: for every
+# sharded leaf, the pools (data shards, S of them) whose rows this process's devices hold.
+_LAYOUT = """
+import json, sys
+sys.path.insert(0, "tests")
+import jax
+import counting_task
+from replax.run import assemble as run_lib
+from replax.config import spec as spec_lib
+config = counting_task.get_config()
+for flag in sys.argv[2:]:
+    *path, last = flag[len("--config."):].split("=", 1)[0].split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    node[last] = type(node[last])(flag.split("=", 1)[1])
+run = run_lib.build(spec_lib.parse(config), sys.argv[1])
+_, replay_state = run_lib.init_states(run)
+pools = run.buffer.num_shards
+held = sorted({
+    tuple(i // (leaf.shape[0] // pools) for i in s.index[0].indices(leaf.shape[0])[:2])
+    for leaf in jax.tree.leaves(replay_state) if leaf.ndim
+    for s in leaf.addressable_shards
+})
+print(json.dumps({"process": jax.process_index(), "pools": pools, "held": held,
+                  "mode": run.buffer.sample_mode}))
+"""
+
+
+def test_replay_store_sharded_per_host_matches_one_process(tmp_path):
+    """replay.sample_mode='local' (the default): each data shard keeps and draws from its
+    own slice of the store, and each process holds the slices of its own devices. Auto
+    replay at a given mu generates on some steps only: the processes make the same plan,
+    and the steps without generation feed global placeholders."""
+    layout = run_processes(
+        None,
+        str(tmp_path / "layout_logs"),
+        command=[sys.executable, "-c", _LAYOUT, str(tmp_path / "layout"), *MICRO],
+    )
+    reports = [json.loads(out.strip().splitlines()[-1]) for out in layout]
+    for p, report in enumerate(reports):
+        assert report["mode"] == "local" and report["pools"] == PROCESSES * DEVICES
+        # Process p holds the pools of its own 4 devices, 4p ... 4p + 3, whole.
+        assert report["process"] == p
+        assert report["held"] == [[DEVICES * p + i, DEVICES * p + i + 1] for i in range(DEVICES)]
+
+    flags = [
+        "--config.replay.sample_mode=local",
+        "--config.replay.mode=auto",
+        "--config.replay.auto_every=2",
+        "--config.replay.mu=50",
+        "--config.total_steps=6",
+    ]
+    reference_records, reference_logs = one_process_reference(tmp_path / "one", *flags)
+    generating = sum(r["reward_mean"] is not None for r in reference_records)
+    assert 2 <= generating < 6  # e.g. steps 1 and 5
+    workdir, logs = str(tmp_path / "run"), str(tmp_path / "logs")
+    run_processes(workdir, logs, *flags)
+    worst = assert_same_metrics(read(workdir), reference_records)
+    print(f"largest relative difference of a float metric >= 1e-3: {worst:.3g}")
+    assert_each_process_scored_its_rows(logs, reference_logs, steps=generating)
+
+
+def test_disjoint_on_two_processes_matches_one_and_resumes_with_a_generation_in_flight(tmp_path):
+    """rollout.placement='disjoint' on 2 processes x 4 devices: each process gives the
+    sampler 2 of its devices and decodes its own block of every batch there while its
+    other 2 train (the weights cross processes in the trainer's reshard, an all-gather
+    both take part in). Against 1 process x 8 devices split 4 / 4, the same meshes. Lag 1:
+    the checkpoint at step 2 holds generation 2, in flight, finished into it; fresh
+    processes resume from it."""
+    flags = [
+        "--config.rollout.placement=disjoint",
+        "--config.rollout.num_devices=4",
+        "--config.rollout.max_policy_lag=1",
+    ]
+    reference_records, reference_logs = one_process_reference(tmp_path / "one", *flags)
+    assert {r["policy_lag_max"] for r in reference_records[1:]} == {1}
+    workdir, logs = str(tmp_path / "run"), str(tmp_path / "logs")
+    # Killed while writing checkpoint 4: checkpoint 2 holds generation 2 (started at step
+    # 1, added at 2) as `pending`.
+    run_processes(workdir, logs, *flags, env={"REPLAX_CRASH_AT": "write:4"}, check=False)
+    crashed_logs = str(tmp_path / "crashed_logs")  # what the first launch scored
+    os.rename(logs, crashed_logs)
+    with open(os.path.join(workdir, "checkpoints", "2", "loop_state", "metadata")) as f:
+        assert json.load(f)["pending"]["generation"] == 2
+    second = run_processes(workdir, logs, *flags)
+    assert "resumed from step 2" in second[0] and not replax_lines(second[1])
+    records = read(workdir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    worst = assert_same_metrics(records, reference_records)
+    print(f"largest relative difference of a float metric >= 1e-3: {worst:.3g}")
+    # Each process scored its own half of every generation: the first launch all four
+    # (generation 2 went into checkpoint 2 finished), the resumed one generation 3 again.
+    assert_each_process_scored_its_rows(crashed_logs, reference_logs, steps=4)
+    assert_each_process_scored_its_rows(logs, reference_logs, steps=1, first=3)
+
+
+# Copies a tree sharded over 3 trainer devices of each process onto 1 sampler device of
+# each (3 copies of the sampler's layout) and onto 2 of each (sharded over them), and
+# prints what every device holds against the whole array.
+_COPY = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from replax.rl import placement
+from replax.core import sharding
+sharding.maybe_initialize_distributed()
+whole = np.arange(48 * 4, dtype=np.float32).reshape(48, 4)
+report = {}
+for k in (1, 2):
+    trainer, sampler = placement.split_devices(k * jax.process_count())
+    mesh = sharding.make_mesh((-1, 1, 1), devices=trainer)
+    rows = NamedSharding(mesh, P("data"))
+    x = jax.make_array_from_callback(whole.shape, rows, lambda i: whole[i])
+    target_mesh = sharding.make_mesh((1, 1, -1), devices=sampler)
+    targets = [NamedSharding(target_mesh, P("tensor")), NamedSharding(target_mesh, P())]
+    out = sharding.copy_to_process_mesh([x, x], targets, {})
+    report[k] = [
+        [s.device.process_index == jax.process_index(), np.array_equal(s.data, whole[s.index])]
+        for y in out for s in y.addressable_shards
+    ] + [[len(y.addressable_shards) == k, y.sharding == t] for y, t in zip(out, targets)]
+print(json.dumps({"process": jax.process_index(), "report": report}))
+"""
+
+
+def test_weights_copy_from_a_trainer_on_every_process_to_each_process_sampler(tmp_path):
+    outputs = run_processes(None, str(tmp_path / "logs"), command=[sys.executable, "-c", _COPY])
+    for p, out in enumerate(outputs):
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["process"] == p
+        for k, checks in report["report"].items():
+            assert checks and all(all(c) for c in checks), (p, k, checks)

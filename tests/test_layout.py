@@ -1,0 +1,126 @@
+"""The package layout: imports run one way between packages, and every module is tested.
+
+Each package's docstring ends with a `May import:` line; every import of replax in the
+package, deferred and type-checking ones included, must name the package itself or one
+listed there. The module graph has no cycle (inside a package either).
+"""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "replax"
+MAX_MODULE_LINES = 400
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {
+    _module_name(path): path for path in sorted(PACKAGE.rglob("*.py")) if path.parent != PACKAGE
+}
+PACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """The replax modules a file imports, wherever the import statement stands."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("replax.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module != "replax" and not node.module.startswith("replax."):
+                continue
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return {name for name in found if name != "replax"}
+
+
+GRAPH = {name: _imports(path) for name, path in MODULES.items()}
+
+
+def _allowed(package: str) -> set[str]:
+    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+    match = re.search(r"^May import: (.*)\.$", doc or "", re.MULTILINE)
+    assert match, f"replax/{package}/__init__.py's docstring has no `May import:` line"
+    listed = match.group(1).strip()
+    return set() if listed == "nothing" else {p.strip() for p in listed.split(",")}
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_every_package_declares_what_it_may_import():
+    declared = {p: _allowed(p) for p in PACKAGES}
+    for package, allowed in declared.items():
+        assert allowed <= set(PACKAGES), (package, allowed - set(PACKAGES))
+    assert _cycle(declared) is None, f"the declared floors have a cycle: {_cycle(declared)}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_only_the_floors_below(package):
+    allowed = _allowed(package) | {package}
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if _package(module) == package
+        for target in targets
+        if _package(target) not in allowed
+    )
+    assert not wrong, wrong
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycle(GRAPH) is None, f"import cycle: {' -> '.join(_cycle(GRAPH))}"
+
+
+def test_the_layout_checker_sees_a_cycle_and_an_upward_import():
+    # The checker itself: a two-module cycle is found; a module whose file imports a
+    # package above its floor shows in the graph it checks.
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+    assert "replax.model.transformer" in GRAPH["replax.sampling.decode"]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.count(".") == 2))
+def test_each_module_has_its_test_file(module):
+    _, package, name = module.split(".")
+    names = {f"test_{name}.py", f"test_{package}_{name}.py"}
+    assert any((ROOT / "tests" / package / n).exists() for n in names), (
+        f"{module}: no tests/{package}/test_{name}.py"
+    )
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_short(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{module}: {lines} lines (at most {MAX_MODULE_LINES})"
