@@ -97,9 +97,9 @@ def build(config, topology: str):
     or ImportError for bad input, before anything compiles."""
     from replax.config import build as configuration
     from replax.run import assemble as run_lib
-    from replax.tools import aot
+    from replax.tools import aot, tpu_targets
 
-    target = aot.target(topology)
+    target = tpu_targets.target(topology)
     spec = _spec(config)
     model_config = configuration.model_config(spec.model)
     try:
@@ -152,7 +152,7 @@ def main(argv):
         _fail(f"--config={config_file}: no such file (e.g. --config=configs/arith.py)")
     import jax.numpy as jnp
 
-    from replax.tools import aot
+    from replax.tools import aot, tpu_targets
 
     try:
         target, run, programs = build(flags.FLAGS.config, _TOPOLOGY.value)
@@ -176,7 +176,7 @@ def main(argv):
             _, rows[name] = aot.compile_figures(program.lower, hbm)
             in_run = aot.peak_in_run(rows[name], program, resident)
             rows[name]["peak_in_run_bytes_per_chip"] = in_run
-            rows[name]["fits"] = in_run <= aot.FIT_FRACTION * hbm
+            rows[name]["fits"] = in_run <= tpu_targets.FIT_FRACTION * hbm
             rows[name]["peak_fraction"] = round(in_run / hbm, 4)
         except Exception as e:  # noqa: BLE001 - what the TPU compiler rejects, reported
             rows[name] = {

@@ -75,7 +75,7 @@ def main(argv):
 
     from replax.config import build as configuration
     from replax.config import spec as spec_lib
-    from replax.core import sharding
+    from replax.core import processes
     from replax.run import runtime, trainer
     from replax.tools import experiments
 
@@ -86,7 +86,7 @@ def main(argv):
     workdir = _WORKDIR.value or config_utils.default_workdir(config_flag, _ROOT)
     config = flags.FLAGS.config
     try:  # before anything asks jax for devices: validate counts them
-        sharding.maybe_initialize_distributed(
+        processes.maybe_initialize_distributed(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from replax.core import sharding
+from replax.core import processes, sharding
 from replax.sampling import sampler as sampler_lib
 from replax.tasks import Example, Task
 from replax.text import tokenizer as tokenizer_lib
@@ -133,8 +133,8 @@ class Evaluator:
             rewards, logprobs = [], []
             for rows, out in self._blocks(self.sample, params, p, rng, k):
                 rewards.append(self._rewards(out, answers[rows], prompts[rows])[0])
-                mask_out = sharding.to_host(out.mask).astype(bool)
-                logprobs.append(sharding.to_host(out.logprobs)[mask_out])
+                mask_out = processes.to_host(out.mask).astype(bool)
+                logprobs.append(processes.to_host(out.logprobs)[mask_out])
             correct = np.concatenate(rewards).reshape(p, k).sum(axis=1)
             metrics[f"eval_pass_at_{k}"] = float(pass_at_k(k, correct, k).mean())
             metrics["eval_pass_at_k"] = metrics[f"eval_pass_at_{k}"]
@@ -191,9 +191,9 @@ class Evaluator:
         if self.mesh is None or jax.process_count() == 1:
             tokens = np.asarray(out.tokens)
             return score(self.task, self.tokenizer, tokens, answers, prompts)[0], tokens, 0
-        tokens = sharding.local_rows(out.tokens)
+        tokens = processes.local_rows(out.tokens)
         rows = sharding.named(self.mesh, ("batch",), self.rules)
-        mine = sharding.process_rows(rows, out.lengths.shape)
+        mine = processes.process_rows(rows, out.lengths.shape)
         local = score(self.task, self.tokenizer, tokens, answers[mine], prompts[mine])[0]
-        rewards = sharding.to_host(sharding.global_batch(local, rows, len(answers)))
+        rewards = processes.to_host(processes.global_batch(local, rows, len(answers)))
         return rewards, tokens, mine.start

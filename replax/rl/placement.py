@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from replax.core import sharding
+from replax.core import processes, sharding
 from replax.rl import rollouts
 
 
@@ -132,7 +132,7 @@ class DisjointRollouts:
         # This process's block of the trainer's rows: on several processes each decodes
         # that block of every batch on its own sampler devices.
         self._rows = sharding.named(run.mesh, ("batch",), run.rules)
-        self._block = sharding.process_block(self._rows)
+        self._block = processes.process_block(self._rows)
         self._thread = threading.Thread(target=self._work, name="replax-sampler", daemon=True)
         self._thread.start()
 
@@ -254,12 +254,12 @@ class DisjointRollouts:
             )
         else:
             r = run.rollouts_per_step
-            rows = sharding.process_rows(self._rows, (r,))
+            rows = processes.process_rows(self._rows, (r,))
 
             def put(x):
                 x = np.asarray(x)[rows] if whole else np.asarray(x)
                 target = sharding.named(run.mesh, ("batch",) + (None,) * (x.ndim - 1), run.rules)
-                return sharding.global_batch(x, target, r)
+                return processes.global_batch(x, target, r)
 
         return dataclasses.replace(
             fresh,
@@ -274,8 +274,8 @@ _ARRAYS = ("prompt_ids", "prompt_mask", "rewards", "lengths")
 
 
 def _fresh_to_host(fresh: rollouts.Fresh, generation: int, version: int) -> dict[str, Any]:
-    arrays = {k: sharding.to_host(getattr(fresh, k)) for k in _ARRAYS}
-    arrays.update({f"completion_{k}": sharding.to_host(v) for k, v in fresh.completion.items()})
+    arrays = {k: processes.to_host(getattr(fresh, k)) for k in _ARRAYS}
+    arrays.update({f"completion_{k}": processes.to_host(v) for k, v in fresh.completion.items()})
     return {
         "generation": generation,
         "version": version,

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from replax.core import sharding
+from replax.core import processes, sharding
 from replax.replay import store as replay_lib
 from replax.rl import evaluation, objectives
 
@@ -115,7 +115,7 @@ def _all_processes(rows: jax.sharding.NamedSharding | None, *local):
     themselves with one process)."""
     if rows is None or jax.process_count() == 1:
         return [np.asarray(x) for x in local]
-    return _blocks_in_order(sharding.process_block(rows)[0], *local)
+    return _blocks_in_order(processes.process_block(rows)[0], *local)
 
 
 def _blocks_in_order(block: int, *local):
@@ -193,7 +193,7 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
     prompt_ids, prompt_mask = prompts["prompt_ids"], prompts["prompt_mask"]
     r = len(prompt_ids) * group_size
     if rows is not None and jax.process_count() > 1 and not local:
-        mine = sharding.process_rows(rows, (r,))
+        mine = processes.process_rows(rows, (r,))
         if mine.stop - mine.start != prompts["local_count"] * group_size:
             raise ValueError(
                 f"sampler mesh {dict(sampler.mesh.shape)}: this process holds rows {mine} "
@@ -211,9 +211,9 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
     answers = np.repeat(prompts["answer"], group_size)
     texts = prompts.get("prompt_text")
     texts = None if texts is None else np.repeat(texts, group_size)
-    tokens = sharding.local_rows(out.tokens)  # [rows of this process, T]
+    tokens = processes.local_rows(out.tokens)  # [rows of this process, T]
     rewards, errors = evaluation.score(task, tokenizer, tokens, answers, texts)
-    cut = truncated_rows(tokens, sharding.local_rows(out.lengths), sampler.stop_ids)
+    cut = truncated_rows(tokens, processes.local_rows(out.lengths), sampler.stop_ids)
     return Scored(
         np.asarray(prompt_ids),
         np.asarray(prompt_mask),
@@ -235,7 +235,7 @@ def finish(scored: Scored) -> Fresh:
     (on its host, completions on its sampler devices), for the trainer to lay out."""
     g, out = scored.group_size, scored.out
     # Both counts in one exchange between processes.
-    errors, truncated = sharding.sum_over_processes(np.array([scored.errors, scored.truncated]))
+    errors, truncated = processes.sum_over_processes(np.array([scored.errors, scored.truncated]))
     repeat = lambda x: np.repeat(x, g, axis=0)  # each prompt's G rows, laid out as theirs
     completion = {"tokens": out.tokens, "mask": out.mask, "logprobs": out.logprobs}
     if scored.local:
@@ -244,10 +244,10 @@ def finish(scored: Scored) -> Fresh:
         all_rewards, lengths = _blocks_in_order(scored.block[0], rewards, np.asarray(out.lengths))
     else:
         r = len(scored.prompt_ids) * g
-        rewards = sharding.global_batch(scored.rewards, scored.rows, r)
-        prompt_ids = sharding.global_from_whole(repeat(scored.prompt_ids), scored.table)
-        prompt_mask = sharding.global_from_whole(repeat(scored.prompt_mask), scored.table)
-        all_rewards, lengths = sharding.to_host(rewards), sharding.to_host(out.lengths)
+        rewards = processes.global_batch(scored.rewards, scored.rows, r)
+        prompt_ids = processes.global_from_whole(repeat(scored.prompt_ids), scored.table)
+        prompt_mask = processes.global_from_whole(repeat(scored.prompt_mask), scored.table)
+        all_rewards, lengths = processes.to_host(rewards), processes.to_host(out.lengths)
     return Fresh(
         prompt_ids,
         prompt_mask,
@@ -270,7 +270,7 @@ def nothing_generated(r: int, prompt_len: int, new_tokens: int, mesh=None, rules
         if mesh is None:
             return whole
         axes = ("batch",) + (None,) * (len(shape) - 1)
-        return sharding.global_from_whole(whole, sharding.named(mesh, axes, rules))
+        return processes.global_from_whole(whole, sharding.named(mesh, axes, rules))
 
     completion = {
         "tokens": zeros((r, new_tokens), np.int32),

@@ -24,7 +24,7 @@ import tensorflow_datasets as tfds
 from replax.config import build as cfg
 from replax.config import sections
 from replax.config import spec as spec_lib
-from replax.core import sharding
+from replax.core import processes, sharding
 from replax.core.config_utils import ConfigError
 from replax.model import transformer as model_lib
 from replax.replay import schedules
@@ -93,7 +93,7 @@ def build(spec: spec_lib.RunSpec, workdir: str) -> Run:
     """Constructs a run's parts from a run spec; writes nothing (a file-backed task reads
     its data file, once, in the checks). On a multi-process launch it first joins the
     other processes (jax.distributed)."""
-    sharding.maybe_initialize_distributed()
+    processes.maybe_initialize_distributed()
     return assemble(spec, workdir, cfg.build(spec))
 
 
@@ -219,7 +219,7 @@ def prepare_data(run: Run) -> Data:
         seed=c.seed,
         # This process's block of each batch: that of the sampler's rows, or with a
         # sampler of this process's devices alone, that of the trainer's.
-        block=sharding.process_block(sharding.named(rows_mesh, ("batch",), run.rules)),
+        block=processes.process_block(sharding.named(rows_mesh, ("batch",), run.rules)),
     )
     pairs = data_lib.eval_examples(test, c.eval.num_prompts)
     evaluator = evaluation.Evaluator(

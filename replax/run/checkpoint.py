@@ -51,7 +51,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.path import atomicity
 
-from replax.core import sharding
+from replax.core import processes
 from replax.core.config_utils import ConfigError
 from replax.core.sharding import abstract_like
 
@@ -266,7 +266,7 @@ class Checkpointer:
             if jax.process_index() == 0 and step >= 0:
                 problem = verify_checksums(self.directory / str(step))
             picked = np.array([step, problem is not None], np.int32)
-            step, bad = (int(v) for v in sharding.from_process_zero(picked))
+            step, bad = (int(v) for v in processes.from_process_zero(picked))
             if step < 0:
                 break
             if not bad:
@@ -280,7 +280,7 @@ class Checkpointer:
                 except Exception as e:  # noqa: BLE001 - any unreadable part: fall back
                     first = (str(e).strip().splitlines() or [""])[0][:200]
                     problem, restored = f"cannot be restored ({type(e).__name__}: {first})", None
-                if sharding.any_process(restored is None):
+                if processes.any_process(restored is None):
                     restored = None
             if restored is None:
                 problem = problem or "cannot be restored on another process"
@@ -301,7 +301,7 @@ class Checkpointer:
             if aside.exists():
                 aside.rmtree()
             (self.directory / str(step)).rename(aside)
-        sharding.barrier(f"replax checkpoint {step} set aside")
+        processes.barrier(f"replax checkpoint {step} set aside")
         self.manager.reload()
         return aside
 

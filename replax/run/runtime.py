@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from replax.config.migration import migrate
-from replax.core import sharding
+from replax.core import processes
 from replax.core.config_utils import ConfigError
 
 # Exit status of a run stopped by SIGTERM / SIGINT after it checkpointed: run the same
@@ -89,7 +89,7 @@ class WorkdirLock:
                 self._acquire()
             except Exception as e:  # noqa: BLE001 - re-raised once every process knows
                 refused = e
-        if sharding.from_process_zero(np.int32(refused is not None)) and refused is None:
+        if processes.from_process_zero(np.int32(refused is not None)) and refused is None:
             raise ConfigError(f"--workdir={os.path.dirname(self.path)}: process 0 stopped")
         if refused is not None:
             raise refused

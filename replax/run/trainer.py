@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from replax.config import spec as spec_lib
-from replax.core import sharding
+from replax.core import processes
 from replax.model import flops as flops_lib
 from replax.replay import auto as auto_replay
 from replax.replay import schedules
@@ -320,7 +320,7 @@ def _step_record(
     """The metrics of one loop step, after accounting its cost and telling the schedule
     what it took; seconds are process 0's on every process (auto replay plans by them)."""
     account, schedule = loop.account, loop.schedule
-    gen_s, train_s = (float(t) for t in sharding.from_process_zero(np.array([gen_s, train_s])))
+    gen_s, train_s = (float(t) for t in processes.from_process_zero(np.array([gen_s, train_s])))
     _account(account, run, fresh.lengths, gen_s, train_s)
     kept = int(stats["rollouts_kept"]) if generated else None
     schedule.observe(
@@ -361,7 +361,7 @@ def _checkpoint_if_due(
     stop (by `stop` on any process, or by the checkpointer's preemption notice); never from
     a non-finite state. Returns whether the run stops here."""
     c = run.spec
-    asked = sharding.any_process(stop is not None and stop.requested)
+    asked = processes.any_process(stop is not None and stop.requested)
     stopping = asked or checkpointer.reached_preemption(loop.step)
     saving = loop.step % c.checkpoint_every == 0 or last or stopping
     if saving and not train_step_lib.all_finite(train_state):

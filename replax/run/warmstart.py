@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from replax.config.sections import WarmStartConfig
-from replax.core import sharding
+from replax.core import processes, sharding
 from replax.model import logprobs as logprobs_lib
 from replax.model import transformer as model_lib
 from replax.rl import train_step as train_step_lib
@@ -121,7 +121,7 @@ def warm_start(
     rng = jax.random.key(seed)
     state, shardings = train_step_lib.init_train_state(model, optimizer, rng, mesh, rules)
     checkpointer = ocp.StandardCheckpointer()
-    if sharding.from_process_zero(np.int32(info_path.exists())):
+    if processes.from_process_zero(np.int32(info_path.exists())):
         info = json.loads(info_path.read_text())
         params = checkpointer.restore(path / "params", sharding.abstract_like(state.params))
         log(f"warm start: reusing {path} (base accuracy {info['base_accuracy']:.3f})")
@@ -141,7 +141,7 @@ def warm_start(
     accuracy, steps = 0.0, 0
     while steps < config.max_steps:
         for _ in range(eval_every):
-            if stop is not None and sharding.any_process(stop.requested):
+            if stop is not None and processes.any_process(stop.requested):
                 name = stop.signal_name or "a stop request"
                 log(f"warm start: stopped by {name} after SFT step {steps}; nothing cached")
                 raise runtime.Preempted(

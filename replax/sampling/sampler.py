@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replax.core import sharding
+from replax.core import processes, sharding
 from replax.model import transformer as model_lib
 from replax.sampling import decode as decode_lib
 from replax.sampling.decode import SampleOutput
@@ -196,7 +196,7 @@ class Sampler:
                     params = jax.device_put(params, self._params_shardings)
                     leaves = jax.tree_util.tree_leaves(params)
                 else:  # a trainer over every process, this process's sampler mesh
-                    leaves = sharding.copy_to_process_mesh(leaves, targets, self._stages)
+                    leaves = processes.copy_to_process_mesh(leaves, targets, self._stages)
                     params = jax.tree_util.tree_unflatten(
                         jax.tree_util.tree_structure(params), leaves
                     )

@@ -28,7 +28,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core.utils import tqdm_utils
 
-from replax.core import sharding
+from replax.core import processes
 from replax.core.config_utils import ConfigError
 from replax.tasks.base import Task
 from replax.text.tokenizer import Tokenizer, encode_prompts
@@ -141,11 +141,11 @@ def prepare_task_data(
         try:
             builder = make_and_prepare()
         except BaseException:
-            sharding.from_process_zero(np.int32(1))  # the others stop too
+            processes.from_process_zero(np.int32(1))  # the others stop too
             raise
-        sharding.from_process_zero(np.int32(0))  # the others wait for this
+        processes.from_process_zero(np.int32(0))  # the others wait for this
         return builder
-    if sharding.from_process_zero(np.int32(0)):
+    if processes.from_process_zero(np.int32(0)):
         raise ConfigError(f"process 0 could not prepare the data in {data_dir}: see its output")
     return make_and_prepare()  # made now: a builder reads what is on disk when it is made
 

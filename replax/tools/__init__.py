@@ -6,6 +6,7 @@
   medians, entropy at equal accuracy) from runs' metrics.
 - `aot`: every program of a run lowered and compiled for a TPU topology on any host,
   with the compiler's memory and cost analysis.
+- `tpu_targets`: TPU slices by name, their chips' published figures, the roofline.
 
 May import: core, text, tasks, model, hf, sampling, replay, rl, config, run.
 """

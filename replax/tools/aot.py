@@ -3,11 +3,11 @@
 libtpu compiles for a TPU it does not have: `jax.experimental.topologies` describes a
 slice (e.g. `v5e:2x2`, four v5e chips) as devices that programs lower and compile for,
 and the compiled programs report the TPU compiler's own memory (`memory_analysis()`) and
-cost (`cost_analysis()`) figures. `target(name)` gives such a slice with its chips'
-published figures; `run_programs(run)` lowers every program a run executes from abstract
+cost (`cost_analysis()`) figures. `replax.tools.tpu_targets` gives such a slice with its
+chips' published figures; `run_programs(run)` lowers every program a run executes from abstract
 inputs, with the shardings, dtypes and options `replax.run.assemble` gave it (so the
 programs are those scripts/train.py compiles on the slice); `compile_figures` compiles one
-and reads its figures; `roofline` models a program's time on a chip from FLOPs and bytes,
+and reads its figures; `tpu_targets.roofline_s` models a program's time on a chip from FLOPs and bytes,
 which is what the modelled generation / training cost ratio (mu) comes from. Nothing here
 runs a program or allocates device memory.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -25,151 +24,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from replax.core import sharding
+from replax.core import processes, sharding
 from replax.model import flops as flops_lib
 from replax.rl import evaluation, rollouts
 from replax.rl import train_step as train_step_lib
 from replax.run import assemble as run_lib
 from replax.sampling import decode as decode_lib
-
-GIB = 2**30
-
-# A program fits when its peak is at most this share of a chip's HBM: the rest is the
-# runtime's own buffers and fragmentation.
-FIT_FRACTION = 0.9
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """One TPU chip's published figures."""
-
-    hbm_bytes: int
-    bf16_flops_per_s: float
-    hbm_bytes_per_s: float
-
-
-# Per chip, from Google Cloud's TPU system-architecture pages (cloud.google.com/tpu/docs/
-# v4, /v5e, /v5p and /v6e): HBM capacity, peak bf16 compute, HBM bandwidth. v4: 32 GiB,
-# 275 TFLOP/s, 1,228 GB/s; v5e: 16 GiB, 197 TFLOP/s, 819 GB/s; v5p: 95 GB, 459 TFLOP/s,
-# 2,765 GB/s; v6e (Trillium): 32 GiB, 918 TFLOP/s, 1,640 GB/s.
-CHIPS: Mapping[str, Chip] = {
-    "v4": Chip(32 * GIB, 275e12, 1228e9),
-    "v5e": Chip(16 * GIB, 197e12, 819e9),
-    "v5p": Chip(95 * 10**9, 459e12, 2765e9),
-    "v6e": Chip(32 * GIB, 918e12, 1640e9),
-}
-
-# The Cloud TPU names of common slices (accelerator types count chips for v5e / v6e and
-# TensorCores for v4 / v5p), as topologies.
-ALIASES: Mapping[str, str] = {
-    "v5e-1": "v5e:1x1",
-    "v5e-4": "v5e:2x2",
-    "v5e-8": "v5e:2x4",
-    "v5e-16": "v5e:4x4",
-    "v5e-64": "v5e:8x8",
-    "v5e-256": "v5e:16x16",
-    "v6e-1": "v6e:1x1",
-    "v6e-4": "v6e:2x2",
-    "v6e-8": "v6e:2x4",
-    "v4-8": "v4:2x2x1",
-    "v5p-8": "v5p:2x2x1",
-    "v5p-128": "v5p:4x4x4",
-}
-# Topologies checked to compile here (any slice of these generations whose shape libtpu
-# accepts works; these are the ones the error message offers).
-KNOWN = (
-    "v5e:1x1",
-    "v5e:2x2",
-    "v5e:2x4",
-    "v5e:4x4",
-    "v5e:16x16",
-    "v6e:2x2",
-    "v6e:2x4",
-    "v4:2x2x1",
-    "v5p:2x2x1",
-    "v5p:4x4x4",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A TPU slice to compile for: its devices (one per chip, or per TensorCore where
-    libtpu lays a chip out as two), hosts and chips."""
-
-    name: str
-    generation: str
-    chip: Chip
-    devices: tuple[Any, ...]
-    hosts: int
-    chips: int
-
-    @property
-    def hbm_bytes_per_device(self) -> int:
-        return self.chip.hbm_bytes * self.chips // len(self.devices)
-
-
-def _dims(name: str) -> tuple[str, tuple[int, ...]]:
-    match = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})", name)
-    if not match:
-        raise ValueError(
-            f"--topology={name}: unknown; known are {', '.join(KNOWN)} (or GEN:AxB[xC] of "
-            f"{', '.join(CHIPS)}; aliases {', '.join(ALIASES)})"
-        )
-    return match.group(1), tuple(int(d) for d in match.group(2).split("x"))
-
-
-def _chips_per_host(generation: str, dims: tuple[int, ...]) -> tuple[int, int, int]:
-    """The host shape of a slice: v5e and v6e hosts hold up to 8 chips (a single-host
-    slice of 1, 4 or 8; 4 a host in multi-host slices), v4 and v5p hosts 4 (2x2x1)."""
-    dims3 = (*dims, 1)[:3]
-    chips = math.prod(dims3)
-    if generation in ("v5e", "v6e") and chips <= 8:
-        return dims3
-    return (2, 2, 1)
-
-
-def _quiet_libtpu() -> None:
-    """libtpu on a host that is not a TPU VM asks the VM's metadata and warns; compiling
-    for a described topology needs neither."""
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
-    # Compiling takes no TPU, so several processes (tests in parallel) may load libtpu.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-
-
-def target(name: str) -> Target:
-    """The slice `name` (e.g. 'v5e:2x2', or a Cloud name such as 'v5e-8'). ValueError for
-    an unknown name, ImportError when libtpu is not installed."""
-    name = ALIASES.get(name, name)
-    generation, dims = _dims(name)
-    try:
-        import libtpu  # noqa: F401 - only whether it is there
-    except ImportError:
-        raise ImportError(
-            "libtpu is not installed: pip install -e '.[tpu]' (it compiles for TPUs on any host)"
-        ) from None
-    from jax.experimental import topologies
-
-    _quiet_libtpu()
-    host = _chips_per_host(generation, dims)
-    try:
-        topology = topologies.get_topology_desc(
-            platform="tpu", topology_name=name, chips_per_host_bounds=host
-        )
-    except Exception as e:  # noqa: BLE001 - libtpu's message for a shape it does not lay out
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"--topology={name}: libtpu cannot lay it out ({first})") from None
-    devices = tuple(topology.devices)
-    return Target(
-        name=name,
-        generation=generation,
-        chip=CHIPS[generation],
-        devices=devices,
-        hosts=len({d.process_index for d in devices}),
-        chips=math.prod(dims),
-    )
-
+from replax.tools import tpu_targets
 
 # PROGRAMS
 
@@ -328,14 +189,14 @@ def _lower_prepare(sampler, params):
 
 
 def _weight_copy(run, params):
-    """The cross-host stage of the disjoint weight copy (`sharding.copy_to_process_mesh`),
+    """The cross-host stage of the disjoint weight copy (`processes.copy_to_process_mesh`),
     lowered for the process whose sampler devices run_programs sees; None on one host,
     where the copy is a device-to-device transfer with no program of its own."""
     if len({d.process_index for d in run.mesh.devices.flat}) == 1:
         return None
     targets = jax.tree_util.tree_leaves(run.sampler._params_shardings)
     leaves = jax.tree_util.tree_leaves(params)
-    stage = sharding.process_copy_stage(leaves, targets)
+    stage = processes.process_copy_stage(leaves, targets)
     return lambda: stage.lower(leaves)
 
 
@@ -369,7 +230,7 @@ def compile_figures(lower: Callable[[], Any], hbm_bytes: int) -> tuple[Any, dict
         + out["code_bytes"]
     )
     out["peak_fraction"] = round(out["peak_bytes_per_chip"] / hbm_bytes, 4)
-    out["fits"] = out["peak_bytes_per_chip"] <= FIT_FRACTION * hbm_bytes
+    out["fits"] = out["peak_bytes_per_chip"] <= tpu_targets.FIT_FRACTION * hbm_bytes
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list | tuple):  # older jax: one dict per computation
         cost = cost[0] if cost else {}
@@ -382,12 +243,6 @@ def compile_figures(lower: Callable[[], Any], hbm_bytes: int) -> tuple[Any, dict
 # MODELLED TIMES
 
 
-def roofline_s(flops: float, bytes_accessed: float, chip: Chip) -> float:
-    """A program's time on one chip if it ran at the chip's peak compute or bandwidth,
-    whichever bounds it: max(FLOPs / peak FLOP/s, bytes / HBM bandwidth)."""
-    return max(flops / chip.bf16_flops_per_s, bytes_accessed / chip.hbm_bytes_per_s)
-
-
 def _mean_cache_len(prompt_len: int, new_tokens: int) -> float:
     """The mean number of cache slots a decode step reads: step t of the loop reads its
     segment's cache of P - 1 + (segment end) slots (`replax.sampling.decode`)."""
@@ -397,12 +252,6 @@ def _mean_cache_len(prompt_len: int, new_tokens: int) -> float:
         total += (end - start) * (prompt_len - 1 + end)
         start = end
     return total / new_tokens
-
-
-def slice_chips(name: str) -> tuple[str, int]:
-    """(generation, chips) of a topology or Cloud name, without libtpu."""
-    generation, dims = _dims(ALIASES.get(name, name))
-    return generation, math.prod(dims)
 
 
 def modelled_mu_of_config(config_flag: str, topology: str, overrides=None) -> dict[str, Any]:
@@ -420,9 +269,11 @@ def modelled_mu_of_config(config_flag: str, topology: str, overrides=None) -> di
         config.model.init = "random"  # the shapes are the config's; no weights needed
     spec = spec_lib.parse(config)
     model_config = configuration.model_config(spec.model)
-    generation, chips = slice_chips(topology)
+    generation, chips = tpu_targets.slice_chips(topology)
     dtype = spec.rollout.dtype or model_config.dtype
-    return modelled_mu(spec, model_config, CHIPS[generation], chips, jnp.dtype(dtype).itemsize)
+    return modelled_mu(
+        spec, model_config, tpu_targets.CHIPS[generation], chips, jnp.dtype(dtype).itemsize
+    )
 
 
 def parse_mu_model(text: str) -> tuple[str, str] | None:
@@ -441,11 +292,11 @@ def parse_mu_model(text: str) -> tuple[str, str] | None:
 
 
 def modelled_mu(
-    spec, model_config, chip: Chip, chips: int, sampler_dtype_bytes: int
+    spec, model_config, chip: tpu_targets.Chip, chips: int, sampler_dtype_bytes: int
 ) -> dict[str, Any]:
     """The modelled cost of generating and of training on one rollout on `chips` chips, from
     the model's matmul FLOPs (`replax.model.flops`, the accounting the runs use) and the bytes
-    each phase must move through HBM, at the chip's peaks (`roofline_s`): a lower bound
+    each phase must move through HBM, at the chip's peaks (`tpu_targets.roofline_s`): a lower bound
     of each phase's time, never a measurement.
 
     The compiler's own cost_analysis cannot give these totals: it counts the body of a
@@ -466,12 +317,12 @@ def modelled_mu(
     # DECODE: one token for each of R rows.
     step_flops = r * flops_lib.forward_flops_per_token(model_config, cache_len)
     step_bytes = weights * sampler_dtype_bytes + r * cache_len * kv_bytes_per_slot
-    decode_step_s = roofline_s(step_flops / chips, step_bytes / chips, chip)
+    decode_step_s = tpu_targets.roofline_s(step_flops / chips, step_bytes / chips, chip)
     # PREFILL: the P prompt tokens of each of the R / G prompts (repeated per row after).
     prompts = c.prompts_per_step
     prefill_flops = prompts * p * flops_lib.forward_flops_per_token(model_config, p / 2)
     prefill_bytes = weights * sampler_dtype_bytes + r * p * kv_bytes_per_slot
-    prefill_s = roofline_s(prefill_flops / chips, prefill_bytes / chips, chip)
+    prefill_s = tpu_targets.roofline_s(prefill_flops / chips, prefill_bytes / chips, chip)
     generation_s = prefill_s + n * decode_step_s
     # TRAIN: forward, recomputed forward (remat) and backward (2x) on B x T tokens.
     seq = spec.seq_len
@@ -482,7 +333,7 @@ def modelled_mu(
     passes = spec.train.num_microbatches * (3.0 + recompute)
     # Adam: read and write the float32 weights, both moments and the gradient.
     train_bytes = passes * compute_bytes + 7 * param_bytes
-    train_s = roofline_s(train_flops / chips, train_bytes / chips, chip)
+    train_s = tpu_targets.roofline_s(train_flops / chips, train_bytes / chips, chip)
     gen_per_rollout = generation_s / r
     train_per_rollout = train_s / b
     return {

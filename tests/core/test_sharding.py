@@ -189,21 +189,3 @@ def test_jit_state_step_keeps_state_shardings_and_donates_the_state():
     assert out["batch_sum"].sharding.is_fully_replicated
     assert old_w.is_deleted()  # donated to the first call
     assert run.jitted._cache_size() == 1
-
-
-# ---------------------------------------------------------------- hosts
-
-
-@pytest.mark.parametrize(
-    "environ, expected",
-    [
-        ({}, False),
-        ({"TPU_WORKER_HOSTNAMES": "localhost"}, False),
-        ({"TPU_WORKER_HOSTNAMES": "t1v-0,t1v-1"}, True),
-        ({"SLURM_NTASKS": "1"}, False),
-        ({"SLURM_NTASKS": "4"}, True),
-        ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
-    ],
-)
-def test_is_multi_host_reads_the_launcher_environment(environ, expected):
-    assert sharding.is_multi_host(environ) is expected

@@ -349,8 +349,8 @@ import json, sys
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from replax.rl import placement
-from replax.core import sharding
-sharding.maybe_initialize_distributed()
+from replax.core import processes, sharding
+processes.maybe_initialize_distributed()
 whole = np.arange(48 * 4, dtype=np.float32).reshape(48, 4)
 report = {}
 for k in (1, 2):
@@ -360,7 +360,7 @@ for k in (1, 2):
     x = jax.make_array_from_callback(whole.shape, rows, lambda i: whole[i])
     target_mesh = sharding.make_mesh((1, 1, -1), devices=sampler)
     targets = [NamedSharding(target_mesh, P("tensor")), NamedSharding(target_mesh, P())]
-    out = sharding.copy_to_process_mesh([x, x], targets, {})
+    out = processes.copy_to_process_mesh([x, x], targets, {})
     report[k] = [
         [s.device.process_index == jax.process_index(), np.array_equal(s.data, whole[s.index])]
         for y in out for s in y.addressable_shards

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from replax.tools import aot
+from replax.tools import aot, tpu_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "tpu_compile.py")
@@ -107,21 +107,6 @@ def test_without_libtpu_it_says_what_to_install(tmp_path):
     assert "pip install -e '.[tpu]'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_chip_table_and_slices():
-    v5e = aot.target("v5e-8")  # a Cloud name: one host of 8 chips
-    assert (v5e.name, v5e.chips, v5e.hosts, len(v5e.devices)) == ("v5e:2x4", 8, 1, 8)
-    assert v5e.hbm_bytes_per_device == 16 * 2**30
-    pod = aot.target("v5e:4x4")  # 4 hosts of 4 chips
-    assert (pod.chips, pod.hosts) == (16, 4)
-    assert aot.target("v5p:2x2x1").chip.hbm_bytes == 95 * 10**9
-
-
-def test_roofline_takes_the_bound_that_binds():
-    chip = aot.Chip(hbm_bytes=1, bf16_flops_per_s=100.0, hbm_bytes_per_s=10.0)
-    assert aot.roofline_s(1000.0, 10.0, chip) == 10.0  # compute-bound
-    assert aot.roofline_s(10.0, 1000.0, chip) == 100.0  # bandwidth-bound
-
-
 def test_mean_cache_len_follows_the_decode_segments():
     # 64 new tokens in segments ending at 16, 32, 48, 64: a prompt of P = 9 reads
     # 8 + 16, 8 + 32, 8 + 48 and 8 + 64 slots, 16 steps each.
@@ -147,10 +132,10 @@ def test_modelled_mu_of_a_config_and_its_longer_completions():
     longer = aot.modelled_mu_of_config(config, "v5e:2x2", {"rollout.max_new_tokens": 22})
     assert longer["mu"] > short["mu"]
     assert short["mu"] > 0 and short["generation_s"] > short["prefill_s"] > 0
-    chip = aot.CHIPS["v5e"]
+    chip = tpu_targets.CHIPS["v5e"]
     # The decode step of the embedded model reads more bytes than it has FLOPs for: its
     # time is the bandwidth bound (weights and cache over 819 GB/s).
-    assert short["decode_step_s"] >= aot.roofline_s(0.0, 1.0, chip)
+    assert short["decode_step_s"] >= tpu_targets.roofline_s(0.0, 1.0, chip)
 
 
 def test_peak_in_run_adds_the_resident_state_a_program_does_not_take():
