@@ -50,12 +50,8 @@ SAMPLE_MODES = ("local", "global")
 
 
 # Columns of `ReplayState.meta`: the bookkeeping of a slot, one int32 row.
-INSERT_STEP, TIMES_SAMPLED, VALID, SERIAL = (
-    replay_pool.INSERT_STEP,
-    replay_pool.TIMES_SAMPLED,
-    replay_pool.VALID,
-    replay_pool.SERIAL,
-)
+INSERT_STEP, TIMES_SAMPLED = replay_pool.INSERT_STEP, replay_pool.TIMES_SAMPLED
+VALID, SERIAL = replay_pool.VALID, replay_pool.SERIAL
 
 
 @flax.struct.dataclass

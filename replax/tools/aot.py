@@ -6,10 +6,10 @@ and the compiled programs report the TPU compiler's own memory (`memory_analysis
 cost (`cost_analysis()`) figures. `replax.tools.tpu_targets` gives such a slice with its
 chips' published figures; `run_programs(run)` lowers every program a run executes from abstract
 inputs, with the shardings, dtypes and options `replax.run.assemble` gave it (so the
-programs are those scripts/train.py compiles on the slice); `compile_figures` compiles one
-and reads its figures; `tpu_targets.roofline_s` models a program's time on a chip from FLOPs and bytes,
-which is what the modelled generation / training cost ratio (mu) comes from. Nothing here
-runs a program or allocates device memory.
+programs are those scripts/train.py compiles on the slice); `compile_figures` compiles
+one and reads its figures; `tpu_targets.roofline_s` models a program's time on a chip
+from FLOPs and bytes, which is what the modelled generation / training cost ratio (mu)
+comes from. Nothing here runs a program or allocates device memory.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Tests for replax/tools/tpu_targets.py: slice names, chips' figures, the roofline."""
 
+import pytest
+
 from replax.tools import tpu_targets
 
 
