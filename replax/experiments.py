@@ -365,6 +365,9 @@ def transfer_spec(
     )
     config["task"] = task
     config["rollout"].update(max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens)
+    # max_len bounds the KV cache (rotary positions have no table), so it may grow.
+    length = max_prompt_len + max_new_tokens
+    config["model"]["max_len"] = max(config["model"].get("max_len", 0), length)
     config["eval"].update(num_prompts=num_prompts, pass_k=0, pass_k_prompts=0, num_samples=0)
     return spec_lib.parse(config)
 

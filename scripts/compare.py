@@ -402,6 +402,7 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
     def spec_of(spec):
         if not os.path.exists(data_file):
             ex.shortest_questions(args.transfer_gsm8k, n, data_file)
+        os.makedirs(os.path.join(plan.workdir, "transfer", "data"), exist_ok=True)
         return ex.transfer_spec(
             spec,
             data_file,
@@ -460,7 +461,6 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
         **settings,
         "data": os.path.basename(args.transfer_gsm8k),
         "base": base,
-        "base_file": base_path,
         "variants": variants,
     }
 
@@ -782,8 +782,8 @@ def details(payload) -> str:
     ]
     for v, grid in payload["lr_grid"].items():
         tried = ", ".join(
-            f"{g['lr']:g} ({100 * g['final_accuracy']:.1f}% final, "
-            f"{100 * g['mean_accuracy']:.1f}% mean)"
+            f"{g['lr']:g} ({analysis.fmt(g.get('final_accuracy'), 'pct')} final, "
+            f"{analysis.fmt(g.get('mean_accuracy'), 'pct')} mean)"
             for g in grid
         )
         edge = payload.get("lr_edge", {}).get(v)
