@@ -277,11 +277,11 @@ class Plan:
         own = self.run_dir(variant, lr, seed)
         if analysis.is_finished(own, spec.total_steps, spec.total_rollouts):
             log(f"done already: {own}")
-            return own
+            return self.keep(variant, lr, seed, own)
         found = self.reusable.get(run_store.fingerprint(spec.to_dict()))
         if found and analysis.is_finished(found, spec.total_steps, spec.total_rollouts):
             log(f"reused: {found}")
-            return found
+            return self.keep(variant, lr, seed, found)
         if self.args.assemble_only:
             name = run_store.run_name(variant, lr, seed, spec.to_dict())
             raise config_utils.ConfigError(
@@ -289,12 +289,22 @@ class Plan:
                 f"seed {seed}, these settings) in --reuse={','.join(self.args.reuse)}"
             )
         ex.ensure_run(spec, own, log=log)
-        return own
+        return self.keep(variant, lr, seed, own)
+
+    def keep(self, variant: str, lr: float, seed: int, run_dir: str) -> str:
+        """With --commit_runs, copies the run's small files there as soon as it is finished
+        (a study cut short keeps what it made); returns run_dir."""
+        if self.args.commit_runs:
+            name = run_store.run_name(variant, lr, seed, self.spec(variant, lr, seed).to_dict())
+            run_store.keep(run_dir, os.path.join(self.args.commit_runs, name))
+        return run_dir
 
     def validate(self):
         from replax import configuration
 
         os.makedirs(os.path.join(self.workdir, "data"), exist_ok=True)
+        if self.args.assemble_only:  # nothing is built: the model need not be on this machine
+            return
         final_prompts = self.args.final_pass_k_prompts
         for v in self.variants:
             for lr in self.lr_grid[v]:
@@ -461,8 +471,12 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
     )
     base = cached(
         base_path,
-        lambda: ex.transfer_evaluation(
-            base_spec, spec_of(base_spec), os.path.join(plan.workdir, "transfer"), base=True
+        lambda: (
+            None
+            if args.assemble_only
+            else ex.transfer_evaluation(
+                base_spec, spec_of(base_spec), os.path.join(plan.workdir, "transfer"), base=True
+            )
         ),
     )
     variants = {}
@@ -472,7 +486,7 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
             spec = plan.spec(v, res["lr"], seed)
 
             def evaluate(spec=spec, d=d):
-                if not os.path.isdir(os.path.join(d, "checkpoints")):
+                if args.assemble_only or not os.path.isdir(os.path.join(d, "checkpoints")):
                     log(f"transfer: {d} has neither {TRANSFER_RUN.format(n=n)} nor checkpoints")
                     return None
                 return ex.transfer_evaluation(spec, spec_of(spec), d)
@@ -492,14 +506,16 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
 
 def commit_runs(plan: Plan, results, out_dir: str, log=print) -> list[str]:
     """--commit_runs: every run the study used (grid and seeds) copied into
-    out_dir/RUN_NAME/ (run_store.keep: metrics, config, summary, cached evaluations), and
+    out_dir/RUN_NAME/ by run_store.keep (metrics, config, summary, cached evaluations):
+    each was when it finished (Plan.keep), and is again for the evaluations cached since;
     the base's transfer figure beside them. Returns the run names."""
     names = []
     for v, res in results.items():
-        for lr, seed, d in res["kept"]:
+        for lr, seed, d in res["kept"]:  # again: the evaluations cached since
             name = run_store.run_name(v, lr, seed, plan.spec(v, lr, seed).to_dict())
             run_store.keep(d, os.path.join(out_dir, name))
             names.append(name)
+    os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(plan.workdir):
         if name.startswith("transfer_base_"):
             shutil.copyfile(os.path.join(plan.workdir, name), os.path.join(out_dir, name))
