@@ -450,7 +450,10 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
     def cached(path, evaluate):
         if os.path.exists(path):
             with open(path) as f:
-                return json.load(f)["eval_accuracy"]
+                kept = json.load(f)
+            # A figure of other transfer settings is measured again (or None without them).
+            if all(kept.get(k) == settings[k] for k in settings if k != "data"):
+                return kept["eval_accuracy"]
         result = evaluate()
         if result is None:
             return None
