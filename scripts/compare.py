@@ -227,8 +227,11 @@ class Plan:
             s for s in range(args.seeds + 1) if s != args.select_seed
         ][: args.seeds - 1]
         self.budget = args.budget_rollouts or self._default_budget()
-        for root in args.reuse:
-            if not os.path.isdir(root):
+        for root in args.reuse:  # the --commit_runs directory may not exist yet
+            kept_here = args.commit_runs and os.path.abspath(root) == os.path.abspath(
+                args.commit_runs
+            )
+            if not os.path.isdir(root) and not kept_here:
                 raise config_utils.ConfigError(f"--reuse={root}: no such directory")
         # {fingerprint of a run's settings: its directory} of the runs --reuse offers.
         self.reusable = run_store.index(args.reuse)
