@@ -334,6 +334,8 @@ def test_override_parsing_and_bad_flags(tmp_path, capsys):
     assert ex.split_override("eval.every=3") == (None, "eval.every", "3")
     assert compare.main([f"--workdir={tmp_path / 'a'}", "--override=no.such=1"]) == 2
     assert compare.main([f"--workdir={tmp_path / 'b'}", "--variants=onpolicy,nope"]) == 2
+    assert compare.main([f"--workdir={tmp_path / 'b'}", f"--reuse={tmp_path / 'none'}"]) == 2
+    assert "--reuse=" in capsys.readouterr().err
     # The final re-evaluation's pass@k batch (3 prompts x pass_k 2) does not split over the
     # 8 data shards: refused before any run, with the flag named.
     micro = [f"--override={o}" for o in MICRO]
@@ -425,7 +427,9 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
         *[f"--override={o}" for o in MICRO],
     ]
     kept = tmp_path / "kept"
-    argv = [f"--workdir={workdir}", "--seeds=2", f"--commit_runs={kept}", *study]
+    # --reuse names the directory runs are kept in before it exists, as a first study does.
+    argv = [f"--workdir={workdir}", "--seeds=2", f"--commit_runs={kept}", f"--reuse={kept}"]
+    argv += study
     assert compare.main(argv) == 0
     payload = json.loads((workdir / "compare.json").read_text())
     for key in (
