@@ -829,8 +829,13 @@ def details(payload) -> str:
     ]
     for v, grid in payload["lr_grid"].items():
         tried = ", ".join(
-            f"{g['lr']:g} ({analysis.fmt(g.get('final_accuracy'), 'pct')} final, "
-            f"{analysis.fmt(g.get('mean_accuracy'), 'pct')} mean)"
+            f"{g['lr']:g} ("
+            + ", ".join(
+                f"{analysis.fmt(g[k], 'pct')} {k.split('_')[0]}"
+                for k in ("final_accuracy", "mean_accuracy")
+                if g.get(k) is not None
+            )
+            + ")"
             for g in grid
         )
         edge = payload.get("lr_edge", {}).get(v)
@@ -838,7 +843,7 @@ def details(payload) -> str:
         added = payload.get("lr_added", {}).get(v)
         more = f"; extended by {', '.join(f'{r:g}' for r in added)}" if added else ""
         lines.append(f"- {v}: chose {payload['lr_chosen'][v]:g}, {where}{more}; tried {tried}")
-    header = ["variant", "seed", "final acc", "tokens to target", "cost to target", "tokens"]
+    header = ["variant", "seed", "final acc", "tokens to target", "cost to target", "gen tokens"]
     rows = []
     for v, s in payload["variants"].items():
         per = s["per_seed"]
