@@ -35,8 +35,10 @@ A missing directory stops the run before any compute (exit 2, one line naming
 model.checkpoint). Then:
 
   python scripts/train.py --config=configs/smollm2.py:replay --workdir=runs/smollm2
-  python scripts/compare.py --config=configs/smollm2.py --workdir=runs/compare_smollm2 --seeds=2 \
-      --num_evals=6 --budget_rollouts=960 --lr_grid='onpolicy:1e-5,3e-5;replay:1e-5'
+
+The replay against on-policy study (three seeds, each variant at its best rate, its runs
+kept in docs/results/smollm2/): the commands in docs/real_model.md, "How to run / extend
+the study".
 """
 
 import os
@@ -138,12 +140,16 @@ def get_config(arg=None):
     # the longest) or 'skip' (left out of the data set, counted and reported).
     c.task.long_prompts = "error"
 
-    # Held-out evaluation: greedy pass@1 on 128 problems (one is 0.8 points), pass@8 on
-    # 16 (sampling 8 x 128 would cost as much as the run's generation), every 10 steps.
+    # Held-out evaluation: greedy pass@1 on 128 problems (one is 0.8 points), pass@8 and
+    # the entropy on 64 (one prompt is 1.6 points; on 16 it was 6), every 10 steps. The 512
+    # rows sampled for pass@8 are 32 steps' worth of the run's generation, decoded 128 at
+    # a time (not measured: a minute or two an evaluation on 2 CPU cores is the guess);
+    # compare.py's --num_evals keeps evaluations few (6 a run in the study).
     c.eval.num_prompts = 128
-    c.eval.pass_k_prompts = 16
-    # Each kind of evaluation in one call, as the study's runs did: a CPU has the memory.
-    c.eval.max_rows = 0
+    c.eval.pass_k_prompts = 64
+    # Rows decoded per call: greedy in one call, pass@8 in four of 16 prompts x 8, so the
+    # KV cache of 512 rows (about 7 GB in float32) is never held at once.
+    c.eval.max_rows = 128
     c.eval.every = 10
     c.checkpoint_every = c.eval.every
     return c

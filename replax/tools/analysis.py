@@ -377,3 +377,40 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     with open(tmp, "w") as f:
         json.dump(clean(payload), f, indent=2)
     os.replace(tmp, path)
+
+
+def ahead_pairs(candidate, reference, tolerance: float = 1e-9) -> dict[str, int]:
+    """At each of the reference run's evaluations, the candidate's held-out accuracy at the
+    same generated tokens, interpolated linearly between its own evaluations (from (0, base)
+    when its base is known), against the reference's: counts of evaluations where the
+    candidate is ahead, behind or level. An evaluation past the candidate's last one (or
+    before its first) is no pair. candidate, reference: (records, base accuracy or None)."""
+    xs, ys = accuracy_curve(candidate[0], lambda r: r["gen_tokens"], candidate[1])
+    out = {"ahead": 0, "behind": 0, "level": 0, "pairs": 0}
+    if not len(xs):
+        return out
+    for r in eval_records(reference[0]):
+        x = float(r["gen_tokens"])
+        if x < xs[0] - tolerance or x > xs[-1] + tolerance:
+            continue
+        gap = float(np.interp(x, xs, ys)) - float(r["eval_accuracy"])
+        out["pairs"] += 1
+        out["ahead" if gap > tolerance else "behind" if gap < -tolerance else "level"] += 1
+    return out
+
+
+def seed_spread(candidate_finals, reference_finals) -> dict[str, Any]:
+    """Whether the candidate-minus-reference difference of median final accuracies exceeds
+    the seed spread, defined as the larger of the two variants' seed ranges (max - min
+    over seeds): with few seeds a difference smaller than how far one variant's own seeds
+    lie apart is not told from the draw of the seeds."""
+    ranges = [max(v) - min(v) for v in (candidate_finals, reference_finals)]
+    difference = float(np.median(candidate_finals) - np.median(reference_finals))
+    spread = float(max(ranges))
+    return {
+        "difference": difference,
+        "candidate_range": float(ranges[0]),
+        "reference_range": float(ranges[1]),
+        "spread": spread,
+        "exceeds": abs(difference) > spread,
+    }

@@ -117,9 +117,30 @@ def test_ratios_on_hand_made_metrics(tmp_path):
     on_total = 256 + 0.45 * 256
     assert payload["compute_ratio_at_mu_measured"] == pytest.approx((384 + 0.45 * 192) / on_total)
     assert on["final_accuracy"] == 0.5 and on["per_seed"]["final_accuracy"] == [0.5, 0.6, 0.4]
+    # SEED BY SEED. Replay's tokens (cost) to the target over on-policy's whole run.
+    versus = payload["versus"]["replay"]
+    assert versus["inference_ratio"] == pytest.approx([200 / 400, 300 / 400, None])
+    assert versus["compute_ratio"] == pytest.approx([1024 / 1792, 1536 / 1792, None])
+    # Both evaluate at 100, 200, 300, 400 generated tokens. Seed 0: replay ahead at all
+    # four; seed 1 (0.45 > 0.3, 0.45 > 0.35, 0.52 > 0.5, 0.6 = 0.6) and seed 2 (0.3 > 0.2,
+    # 0.4 > 0.3, 0.4 = 0.4, 0.45 > 0.4): three ahead and one level each.
+    assert [p["ahead"] for p in versus["ahead_pairs_per_seed"]] == [4, 3, 3]
+    assert versus["ahead_pairs"] == {"ahead": 10, "behind": 0, "level": 2, "pairs": 12}
+    # Median finals 0.55 and 0.5: +5 points; seed ranges 0.6 - 0.45 and 0.6 - 0.4.
+    spread = versus["seed_spread"]
+    assert spread["difference"] == pytest.approx(0.05)
+    assert spread["spread"] == pytest.approx(0.2) and not spread["exceeds"]
     # The curves plot and the table prints without training.
     compare.plot(payload, curves, str(tmp_path / "compare.png"))
-    assert "| replay | 0.0001 | 55.0% |" in compare.table(payload)
+    text = compare.table(payload)
+    assert "| replay | 0.0001 | 55.0% |" in text
+    assert "replay ahead at 10 of 12 (seed, equal-token evaluation) pairs" in text
+    assert (
+        "Seed spread: replay minus onpolicy median final accuracy +5.0 points; the larger "
+        "seed range (max - min) 20.0 points (replay 15.0, onpolicy 20.0): the difference "
+        "does NOT exceed the seed spread."
+    ) in text
+    assert "| replay | 2 | 45.0% | never |" in text
 
 
 def test_entropy_and_measured_costs_on_hand_made_metrics(tmp_path):
@@ -221,6 +242,74 @@ def test_learning_rate_selection_rules():
     assert compare.choose_lr(grid, "final")["lr"] == 3e-4  # tie on final: mean decides
 
 
+def test_ahead_pairs_interpolate_at_the_references_tokens():
+    # The candidate from its base 0.1 at 0 tokens, 0.3 at 150, 0.5 at 300. The reference
+    # at 100 tokens has 0.25 against the candidate's 0.1 + (100 / 150) 0.2 = 0.233
+    # (behind); at 200, 0.35 against 0.3 + (50 / 150) 0.2 = 0.367 (ahead); at 300, 0.5 (level);
+    # at 400 the candidate has no evaluation: no pair.
+    candidate = [
+        {"step": 1, "gen_tokens": 150, "eval_accuracy": 0.3},
+        {"step": 2, "gen_tokens": 300, "eval_accuracy": 0.5},
+    ]
+    reference = [
+        {"step": s, "gen_tokens": 100 * s, "eval_accuracy": a}
+        for s, a in ((1, 0.25), (2, 0.35), (3, 0.5), (4, 0.9))
+    ]
+    pairs = analysis.ahead_pairs((candidate, 0.1), (reference, None))
+    assert pairs == {"ahead": 1, "behind": 1, "level": 1, "pairs": 3}
+    # Without a base the candidate starts at 150 tokens: the reference's first is no pair.
+    assert analysis.ahead_pairs((candidate, None), (reference, None))["pairs"] == 2
+    # Medians 0.45 and 0.3 (+15 points) against ranges 0.1 and 0.1: exceeds.
+    spread = analysis.seed_spread([0.4, 0.45, 0.5], [0.25, 0.3, 0.35])
+    assert spread["difference"] == pytest.approx(0.15) and spread["exceeds"]
+    assert spread["spread"] == pytest.approx(0.1)
+    # On-policy's seeds 0.1 to 0.4 apart (0.3) span more than the +15 points.
+    spread = analysis.seed_spread([0.4, 0.45, 0.5], [0.1, 0.3, 0.4])
+    assert spread["spread"] == pytest.approx(0.3) and not spread["exceeds"]
+
+
+def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
+    """On-policy's grid 1e-4, 3e-4 on hand-made finished runs whose accuracy peaks at 3e-5:
+    the best, 1e-4, is at the low edge; --extend_lr_grid adds 3e-5 (best, again at the low
+    edge), then 1e-5, and stops with 3e-5 inside the grid."""
+    assert compare.lr_edge([1e-4, 3e-4], 1e-4) == "low"
+    assert compare.lr_edge([1e-4, 3e-4], 3e-4) == "high"
+    assert compare.lr_edge([1e-4], 1e-4) == "both"
+    assert compare.lr_edge([3e-5, 1e-4, 3e-4], 1e-4) is None
+    assert compare.beyond_edge([1e-4], "both", 3.0) == [3e-5, 3e-4]
+    accuracy = {1e-5: 0.3, 3e-5: 0.5, 1e-4: 0.4, 3e-4: 0.2}
+
+    def plan_of(*flags):
+        argv = [f"--workdir={tmp_path}", "--variants=onpolicy", "--lr_grid=onpolicy:1e-4,3e-4"]
+        plan = compare.Plan(compare.parse_args([*argv, "--budget_rollouts=128", *flags]))
+        plan.validate()  # makes the data directory the specs name
+        return plan
+
+    plan = plan_of()
+    for lr, acc in accuracy.items():
+        steps = plan.spec("onpolicy", lr, 0).total_steps
+        write_run(plan.run_dir("onpolicy", lr, 0), r=64, b=64, steps=steps, eval_every=steps,
+                  accuracies=[acc], tokens_per_step=100, mu=0.5)  # fmt: skip
+    lines = []
+    chosen = compare.select_lr(plan, "onpolicy", log=lines.append)
+    assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (1e-4, "low", [])
+    assert "at the grid's low edge" in lines[-1] and "--extend_lr_grid" in lines[-1]
+    chosen = compare.select_lr(plan_of("--extend_lr_grid"), "onpolicy", log=lines.append)
+    assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (3e-5, None, [3e-5, 1e-5])
+    assert [g["lr"] for g in chosen["grid"]] == [1e-5, 3e-5, 1e-4, 3e-4]
+    # At most --max_lr_extensions rates are added; the edge is then still reported.
+    plan = plan_of("--extend_lr_grid", "--max_lr_extensions=1")
+    chosen = compare.select_lr(plan, "onpolicy", log=lines.append)
+    assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (3e-5, "low", [3e-5])
+    payload_grid = {"onpolicy": chosen["grid"]}
+    text = compare.details(
+        {"select_seed": 0, "select_by": "mean", "lr_grid": payload_grid,
+         "lr_chosen": {"onpolicy": 3e-5}, "lr_edge": {"onpolicy": "low"},
+         "lr_added": {"onpolicy": [3e-5]}, "variants": {}}
+    )  # fmt: skip
+    assert "- onpolicy: chose 3e-05, AT THE GRID'S LOW EDGE; extended by 3e-05" in text
+
+
 def test_statistics_helpers():
     assert analysis.median([1.0, None, 3.0]) == 3.0
     assert analysis.median([1.0, None]) is None  # the median is "never"
@@ -245,6 +334,8 @@ def test_override_parsing_and_bad_flags(tmp_path, capsys):
     assert ex.split_override("eval.every=3") == (None, "eval.every", "3")
     assert compare.main([f"--workdir={tmp_path / 'a'}", "--override=no.such=1"]) == 2
     assert compare.main([f"--workdir={tmp_path / 'b'}", "--variants=onpolicy,nope"]) == 2
+    assert compare.main([f"--workdir={tmp_path / 'b'}", f"--reuse={tmp_path / 'none'}"]) == 2
+    assert "--reuse=" in capsys.readouterr().err
     # The final re-evaluation's pass@k batch (3 prompts x pass_k 2) does not split over the
     # 8 data shards: refused before any run, with the flag named.
     micro = [f"--override={o}" for o in MICRO]
@@ -312,17 +403,33 @@ MICRO = [
 ]
 
 
+def write_questions(path, num):
+    """A GSM8K-format file of `num` questions, the i-th of length growing with i."""
+    with open(path, "w") as f:
+        for i in range(num):
+            question = f"What is {i} + {i}?" + " Think." * (i % 5)
+            f.write(json.dumps({"question": question, "answer": f"{i}+{i}\n#### {2 * i}"}) + "\n")
+
+
 def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
     workdir = tmp_path / "cmp"
-    argv = [
-        f"--workdir={workdir}",
-        "--seeds=2",
+    questions = tmp_path / "gsm8k_test.jsonl"
+    write_questions(questions, 40)
+    study = [
         "--lr_grid=onpolicy:1e-4;replay:3e-5",
         "--budget_rollouts=64",
         "--num_evals=2",
         "--final_pass_k_prompts=12",
+        f"--transfer_gsm8k={questions}",
+        "--transfer_prompts=16",
+        "--transfer_max_new_tokens=8",
+        "--transfer_max_prompt_len=64",
         *[f"--override={o}" for o in MICRO],
     ]
+    kept = tmp_path / "kept"
+    # --reuse names the directory runs are kept in before it exists, as a first study does.
+    argv = [f"--workdir={workdir}", "--seeds=2", f"--commit_runs={kept}", f"--reuse={kept}"]
+    argv += study
     assert compare.main(argv) == 0
     payload = json.loads((workdir / "compare.json").read_text())
     for key in (
@@ -387,4 +494,62 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
     assert compare.main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("done already") == 6  # the selection seed is asked twice
-    assert "final evaluation" not in out  # cached
+    assert "final evaluation" not in out and "transfer:" not in out  # cached
+
+    # THE TRANSFER: the 16 shortest questions, greedy, of the base and of each chosen run.
+    transfer = payload["transfer"]
+    assert (transfer["prompts"], transfer["data"]) == (16, "gsm8k_test.jsonl")
+    assert 0 <= transfer["base"] <= 1
+    for name in payload["variants"]:
+        accs = transfer["variants"][name]["per_seed"]
+        assert len(accs) == 2 and all(0 <= a <= 1 for a in accs)
+    shortest = (workdir / "transfer" / "gsm8k_shortest16.jsonl").read_text().splitlines()
+    assert [len(json.loads(line)["question"]) for line in shortest] == sorted(
+        len(f"What is {i} + {i}?" + " Think." * (i % 5)) for i in range(40)
+    )[:16]
+    assert (
+        "Transfer (not a target): greedy accuracy on the 16 shortest"
+        in (workdir / "compare.md").read_text()
+    )
+
+    # KEPT RUNS: each run's small files under kept/RUN_NAME, and a study assembled from
+    # them alone, elsewhere, runs nothing and has the same figures.
+    names = sorted(os.listdir(kept))
+    assert "transfer_base_gsm8k16.json" in names
+    runs = [n for n in names if not n.endswith(".json")]
+    assert [n.rsplit("_", 1)[0] for n in runs] == [
+        "onpolicy_lr0.0001_seed0",
+        "onpolicy_lr0.0001_seed1",
+        "replay_lr3e-05_seed0",
+        "replay_lr3e-05_seed1",
+    ]
+    for name in runs:
+        assert "checkpoints" not in os.listdir(kept / name)
+        assert {"metrics.jsonl", "config.json", "summary.json", "final_eval_pass12.json",
+                "transfer_gsm8k16.json"} <= set(os.listdir(kept / name))  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    report = tmp_path / "docs" / "study_compare"
+    again = [f"--workdir={elsewhere}", "--seeds=2", f"--reuse={kept}", "--assemble_only"]
+    capsys.readouterr()
+    assert compare.main([*again, f"--report={report}", *study]) == 0
+    out = capsys.readouterr().out
+    assert out.count("reused:") == 6 and "running" not in out
+    assembled = json.loads((tmp_path / "docs" / "study_compare.json").read_text())
+    assert (tmp_path / "docs" / "study_compare.md").read_text() == (
+        elsewhere / "compare.md"
+    ).read_text()
+
+    def figures(p):
+        p = {k: v for k, v in p.items() if k not in ("command", "machine", "wall_s")}
+        p["variants"] = {
+            name: {k: x for k, x in v.items() if k != "run_dirs"}
+            for name, v in p["variants"].items()
+        }
+        return p
+
+    assert figures(assembled) == figures(payload)
+    # A third seed is not kept: --assemble_only names it and runs nothing.
+    assert compare.main([*again[:-1], "--seeds=3", "--assemble_only", *study]) == 2
+    err = capsys.readouterr().err
+    assert "--assemble_only: no finished run onpolicy_lr0.0001_seed2_" in err
+    assert not (elsewhere / "runs").exists()
