@@ -20,7 +20,7 @@ MODEL = model_lib.Transformer(TINY)
 # 4 rows of 12 tokens: prompts of up to 4 tokens left-padded, completions after them.
 BATCH, LENGTH, PROMPT = 4, 12, 4
 TEMPERATURE, VOCAB = 0.7, 60  # ids >= 60 are never sampled: masked out of the log-probs
-LOSS = objectives.LossConfig(name="ppo", kl_coef=0.5, entropy_coef=0.01)
+LOSS = objectives.LossConfig(name="ppo", kl_coef=0.5, entropy_coef=0.05)
 
 
 def make_batch(seed, prompt_lengths=(4, 2, 3, 1), completion_lengths=(6, 3, 8, 5)):
@@ -61,8 +61,9 @@ def random_params(seed):
 
 @pytest.fixture(scope="module")
 def params():
-    """(policy params, reference params): two random models."""
-    return random_params(0), random_params(1)
+    """(policy params, reference params): a random model and one near it."""
+    policy, noise = random_params(0), random_params(1)
+    return policy, jax.tree.map(lambda p, n: p + 0.1 * (n - np.round(n)), policy, noise)
 
 
 @functools.cache
@@ -107,20 +108,25 @@ def numpy_logprobs_and_entropy(params, batch):
     return pad(picked), pad(entropy)
 
 
+def near_policy(params, batch):
+    """Behaviour log-probs 0.3 nats about the policy's: some ratios clipped, some not."""
+    logprobs, _ = numpy_logprobs_and_entropy(params, batch)
+    noise = np.random.default_rng(0).normal(0, 0.3, logprobs.shape)
+    return ((logprobs + noise) * batch["loss_mask"]).astype(np.float32)
+
+
 def test_loss_and_metrics_match_numpy(params):
     policy, reference = params
     batch = make_batch(0)
+    batch["behaviour_logprobs"] = near_policy(policy, batch)
     logprobs, entropy = numpy_logprobs_and_entropy(policy, batch)
-    # Behaviour log-probs 0.3 nats about the policy's: some ratios clipped, some not.
-    noise = np.random.default_rng(0).normal(0, 0.3, logprobs.shape)
-    batch["behaviour_logprobs"] = ((logprobs + noise) * batch["loss_mask"]).astype(np.float32)
     _, metrics = gradient_fn()(policy, reference, batch)
     reference_logprobs, _ = numpy_logprobs_and_entropy(reference, batch)
     mask, advantage = batch["loss_mask"], batch["advantage"][:, None]
     ratio = np.exp(logprobs - batch["behaviour_logprobs"])
     ppo = -np.minimum(ratio * advantage, np.clip(ratio, 0.8, 1.2) * advantage)
     kl = np.exp(reference_logprobs - logprobs) - (reference_logprobs - logprobs) - 1
-    token_loss = ppo + 0.5 * kl - 0.01 * entropy
+    token_loss = ppo + 0.5 * kl - 0.05 * entropy
     weighted = token_loss * mask * batch["importance_weights"][:, None]
     token_mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731
     np.testing.assert_allclose(metrics["loss"], weighted.sum() / mask.sum(), rtol=1e-5)
@@ -140,9 +146,10 @@ def tree_dot(a, b):
 def test_gradient_is_the_slope_of_the_loss(params):
     """The loss's slope along the gradient is the gradient's norm, and along another
     direction its dot product with the gradient: central differences of the loss the
-    function reports (float32: a step of 1e-3 keeps rounding under 1e-4 of the slope)."""
+    function reports, a step of 1e-3 each way."""
     policy, reference = params
     batch = make_batch(1, completion_lengths=(6, 0, 8, 2))  # a row with nothing to learn
+    batch["behaviour_logprobs"] = near_policy(policy, batch)
     grads = jax.device_get(gradient_fn()(policy, reference, batch)[0])
     norm = np.sqrt(tree_dot(grads, grads))
     assert norm > 1e-2  # a gradient worth checking
@@ -151,7 +158,11 @@ def test_gradient_is_the_slope_of_the_loss(params):
     other = jax.tree.map(lambda x: x / np.sqrt(tree_dot(other, other)), other)
     along_gradient = jax.tree.map(lambda g: g / norm, grads)
     step = 1e-3
-    for direction, slope in ((along_gradient, norm), (other, tree_dot(grads, other))):
+    # Along the gradient the slope is large and the difference exact to ~1e-3; along a
+    # random direction it is small, and a missing part of the gradient (the entropy
+    # bonus's, say) moves it by ~10%.
+    checks = ((along_gradient, norm, 5e-3), (other, tree_dot(grads, other), 0.05))
+    for direction, slope, rtol in checks:
 
         def loss_at(sign, direction=direction):
             moved = jax.tree.map(
@@ -160,7 +171,7 @@ def test_gradient_is_the_slope_of_the_loss(params):
             return float(gradient_fn()(moved, reference, batch)[1]["loss"])
 
         central = (loss_at(1) - loss_at(-1)) / (2 * step)
-        np.testing.assert_allclose(central, slope, rtol=0.02, atol=0.02 * norm)
+        np.testing.assert_allclose(central, slope, rtol=rtol, atol=1e-5 * norm)
 
 
 # ---------------------------------------------------------------- memory options

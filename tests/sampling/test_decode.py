@@ -23,6 +23,8 @@ from replax.sampling.distributions import SamplingConfig
 CONFIG = dataclasses.replace(TINY, max_len=32)
 MODEL = model_lib.Transformer(CONFIG)
 PROMPT_LEN, NEW_TOKENS = 6, 20
+# The tests that need no second segment decode fewer tokens: a smaller program to compile.
+SHORT = 8
 # Ids >= 60 are never sampled: 63 as the stop token lets every row run the whole loop,
 # and pad 61 cannot be mistaken for a generated token.
 VOCAB, UNREACHABLE_STOP, PAD = 60, 63, 61
@@ -56,11 +58,11 @@ def prompts(lengths=(6, 4, 2)):
 
 
 @functools.cache
-def jitted_decode(stop_ids):
+def jitted_decode(stop_ids, max_new_tokens=NEW_TOKENS):
     decode = functools.partial(
         decode_lib.decode,
         model=MODEL,
-        max_new_tokens=NEW_TOKENS,
+        max_new_tokens=max_new_tokens,
         stop_ids=stop_ids,
         pad_id=PAD,
         vocab_size=VOCAB,
@@ -187,12 +189,6 @@ def test_prefill_holds_each_prompts_keys_repeated_for_its_samples(params):
                     got[3 * row][:, slots], want[row][:, slots], rtol=1e-5, atol=1e-6
                 )
             assert (got[:, :, PROMPT_LEN - 1 :] == 0).all()
-    # Data shards that do not divide the 2 prompts: padded to 4 for the prefill, the
-    # same cache.
-    sharded = prefill(params, ids, mask, num_samples=3, data_shards=4)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), sharded, cache
-    )
 
 
 def test_a_one_token_prompt_prefills_nothing():
@@ -241,37 +237,38 @@ def test_greedy_decode_over_two_segments_is_the_full_forward_argmax(params, gree
 
 def test_rows_stop_at_their_first_stop_token_and_the_rest_is_pad(params, greedy):
     """Stop tokens taken from the greedy completions: each row stops where the first of
-    them occurs in its completion (EOS included), within the first segment, so the loop
-    ends with every row done; before it the completion is the greedy one."""
+    them occurs in its completion (EOS included), before the last step, so the loop ends
+    early with every row done; before it the completion is the greedy one."""
     ids, mask, full = greedy
-    full_tokens = np.asarray(full.tokens)
+    full_tokens = np.asarray(full.tokens)[:, :SHORT]
+    full_logprobs = np.asarray(full.logprobs)[:, :SHORT]
     stop_ids = tuple(
-        sorted({int(full_tokens[0, 9]), int(full_tokens[1, 3]), int(full_tokens[2, 6])})
+        sorted({int(full_tokens[0, 5]), int(full_tokens[1, 3]), int(full_tokens[2, 6])})
     )
     is_stop = np.isin(full_tokens, stop_ids)
     assert is_stop.any(axis=1).all()
     first = is_stop.argmax(axis=1)  # [3] step of each row's first stop token
-    assert first.max() < 16 and first.min() < first.max()  # all in the first segment, apart
-    out = jitted_decode(stop_ids)(params, ids, mask, jax.random.key(0), GREEDY, 1)
-    expected_mask = np.arange(NEW_TOKENS)[None, :] <= first[:, None]
+    assert first.max() < SHORT - 1 and first.min() < first.max()  # before the end, apart
+    out = jitted_decode(stop_ids, SHORT)(params, ids, mask, jax.random.key(0), GREEDY, 1)
+    expected_mask = np.arange(SHORT)[None, :] <= first[:, None]
     np.testing.assert_array_equal(out.mask, expected_mask)
     np.testing.assert_array_equal(out.lengths, first + 1)
     np.testing.assert_array_equal(out.tokens, np.where(expected_mask, full_tokens, PAD))
     np.testing.assert_allclose(
-        out.logprobs, np.where(expected_mask, full.logprobs, 0.0), rtol=1e-5, atol=1e-6
+        out.logprobs, np.where(expected_mask, full_logprobs, 0.0), rtol=1e-5, atol=1e-6
     )
     assert (np.asarray(out.logprobs)[~expected_mask] == 0).all()
 
 
 def test_row_blocks_draw_the_whole_batchs_random_numbers(params):
     """4 prompts x 2 samples at temperature 1 decoded as one batch of 8 rows, then as two
-    blocks of 2 prompts (row_block (0, 2) and (1, 2)): each block's rows are those rows of
-    the whole batch, and their behaviour log-probs those of the full forward at T = 1."""
+    blocks of 2 prompts (row_block (0, 2) and (1, 2)): each block's rows, tokens and
+    behaviour log-probs, are those rows of the whole batch."""
     ids, mask = prompts((6, 3, 5, 1))
-    decode = jitted_decode((UNREACHABLE_STOP,))
+    decode = jitted_decode((UNREACHABLE_STOP,), SHORT)
     sampled = SamplingConfig(temperature=1.0)
     whole = jax.device_get(decode(params, ids, mask, jax.random.key(3), sampled, 2))
-    assert whole.tokens.shape == (8, NEW_TOKENS)
+    assert whole.tokens.shape == (8, SHORT)
     for block in range(2):
         rows = slice(4 * block, 4 * block + 4)
         part = decode(
@@ -280,11 +277,6 @@ def test_row_blocks_draw_the_whole_batchs_random_numbers(params):
         )  # fmt: skip
         np.testing.assert_array_equal(part.tokens, whole.tokens[rows])
         np.testing.assert_allclose(part.logprobs, whole.logprobs[rows], rtol=1e-5, atol=1e-6)
-    # Each prompt's two samples differ (their own random numbers), and each sampled
-    # token's log-probability is the model's at the sampling temperature.
+    # Each prompt's two samples differ: each row draws its own random numbers.
     assert all((whole.tokens[2 * i] != whole.tokens[2 * i + 1]).any() for i in range(4))
-    logprobs = reference_logprobs(
-        params, np.repeat(ids, 2, axis=0), np.repeat(mask, 2, axis=0), whole.tokens
-    )
-    np.testing.assert_allclose(whole.logprobs, at(logprobs, whole.tokens), rtol=1e-4, atol=1e-4)
     assert (whole.tokens < VOCAB).all()
