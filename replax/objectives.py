@@ -59,14 +59,14 @@ class LossConfig:
       W-REINFORCE's down-weighting of positive samples (Zhu et al. 2025): reinforcing
       answers that are already likely is what lowers the policy's entropy.
     Covariance options (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning
-    LMs"), at most one of them on. Each ranks the batch's valid completion tokens by the
-    covariance (log pi - m_lp) x (A - m_A), m_lp and m_A the means of log pi and of the
+    LMs"), at most one of them on. Each picks among the batch's valid completion tokens by
+    the covariance (log pi - m_lp) x (A - m_A), m_lp and m_A the means of log pi and of the
     rollout's advantage over the batch's valid tokens (padding takes no part in either
     mean). A token's covariance is positive when its rollout is above the mean advantage
     and the token more likely than the mean token (a confident token of a good rollout),
     or when its rollout is below the mean and the token less likely than the mean (an
     unlikely token of a bad rollout): the updates of both lower the entropy. With
-    train.num_microbatches > 1 the tokens are ranked over the whole batch, as in one pass
+    train.num_microbatches > 1 the tokens are picked over the whole batch, as in one pass
     (`replax.gradients` takes one extra forward pass for that).
     cov_cut_frac: the gradient of the floor(frac x N) valid tokens of largest positive
       covariance is cut (N the batch's valid tokens), their loss value kept: a
