@@ -75,8 +75,9 @@ class LossConfig:
       uniformly at random, without replacement, among the valid tokens whose covariance
       lies in the open band (clip_cov_low, clip_cov_high) (1 and 5 there), all of them if
       the band holds fewer, lose their gradient (value kept). The draw takes a PRNG key
-      (`policy_loss`'s covariance_key). Unlike the authors' code, tokens PPO already clips
-      may be drawn.
+      (`policy_loss`'s covariance_key; the train step's is fold_in(key(0), step): one key
+      per step, whatever the seed, and the same after a resume). Unlike the authors' code,
+      tokens PPO already clips may be drawn.
     kl_cov_frac: the paper's KL-Cov (k, 2e-3 at 7B): the max(1, floor(k x N)) valid tokens
       of largest covariance get kl_cov_coef x |log pi - log mu| added to their loss (beta,
       1 there), mu the behaviour policy. The paper's KL-Cov replaces PPO's clip; here the
