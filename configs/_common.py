@@ -180,9 +180,18 @@ def loss() -> ml_collections.ConfigDict:
     c.normalize_std = True
     # Weight of positive-advantage rollouts in the loss (W-REINFORCE's lambda below 1).
     c.positive_weight = 1.0
-    # Clip-Cov: the fraction of tokens, of largest log-prob x advantage covariance, whose
-    # gradient is cut (0: off).
-    c.cov_clip_frac = 0.0
+    # The fraction of tokens, of largest positive log-prob x advantage covariance, whose
+    # gradient is cut (0: off). At most one of the three covariance options is on.
+    c.cov_cut_frac = 0.0
+    # Clip-Cov (Cui et al. 2025): the fraction r of tokens drawn at random in the covariance
+    # band (low, high) whose gradient is cut (0: off; the paper's r is 2e-4, band 1 to 5).
+    c.clip_cov_ratio = 0.0
+    c.clip_cov_low = 1.0
+    c.clip_cov_high = 5.0
+    # KL-Cov: coef x |log pi - log mu| on the fraction k of tokens of largest covariance
+    # (0: off; the paper's k is 2e-3 at 7B, coef 1).
+    c.kl_cov_frac = 0.0
+    c.kl_cov_coef = 1.0
     return c
 
 

@@ -119,12 +119,12 @@ def get_config(arg=None):
     # N = 4096 (x = N/R = 256), the paper's positive-bias sampling.
     c.replay = common.replay(capacity=4096, strategy="positive_bias", drop_zero_advantage=True)
     c.loss = common.loss()
-    # Clip-Cov on a fifth of the tokens: the gradient of the confident tokens of positive
-    # rollouts, those of largest log-prob x advantage covariance, is cut. Replay otherwise
-    # sharpens the policy faster than on-policy for the same accuracy; with it the
-    # held-out entropy at on-policy's final accuracy is above on-policy's, at the same
-    # generated tokens (docs/studies.md).
-    c.loss.cov_clip_frac = 0.2
+    # The covariance cut on a fifth of the tokens: the gradient of the tokens of largest
+    # positive log-prob x advantage covariance (confident tokens of above-mean rollouts,
+    # unlikely tokens of below-mean ones) is cut. Replay otherwise sharpens the policy
+    # faster than on-policy for the same accuracy; with it the held-out entropy at
+    # on-policy's final accuracy is above on-policy's (docs/studies.md).
+    c.loss.cov_cut_frac = 0.2
     c.eval = common.evaluation(every=50, num_prompts=1024)
 
     if variant == "onpolicy":
@@ -135,5 +135,5 @@ def get_config(arg=None):
         c.replay.strategy = "uniform_no_replacement"
         c.optimizer.learning_rate = 1e-4
         c.replay.drop_zero_advantage = False
-        c.loss.cov_clip_frac = 0.0  # on-policy GRPO, the reference replay is measured against
+        c.loss.cov_cut_frac = 0.0  # on-policy GRPO, the reference replay is measured against
     return c

@@ -1,7 +1,8 @@
 """A config from an earlier replax, brought up to date: the one home of old defaults.
 
 A workdir's config.json, or a config file written before a setting existed, lacks that
-setting. `migrate` gives it the value that reproduces what such runs did, so that
+setting, or holds it under an earlier name. `migrate` moves a renamed setting to its new
+name and gives a missing one the value that reproduces what such runs did, so that
 `replax.config.spec.parse` reads every config the same way and a run resumes under its old value
 (`replax.run.runtime.check_resume_config`).
 """
@@ -10,6 +11,12 @@ from __future__ import annotations
 
 import copy
 from typing import Any
+
+# Settings renamed after runs were made: old key -> new key. The value carries over.
+RENAMED_KEYS = {
+    # It cuts the top fraction by covariance; the paper's Clip-Cov is loss.clip_cov_ratio.
+    "loss.cov_clip_frac": "loss.cov_cut_frac",
+}
 
 # Settings added after runs were made, with the value that reproduces what those runs did.
 ADDED_KEYS = {
@@ -30,7 +37,12 @@ ADDED_KEYS = {
     "train.max_steps_per_generation": 1,
     "task.long_prompts": "error",
     "loss.positive_weight": 1.0,
-    "loss.cov_clip_frac": 0.0,
+    "loss.cov_cut_frac": 0.0,
+    "loss.clip_cov_ratio": 0.0,
+    "loss.clip_cov_low": 1.0,
+    "loss.clip_cov_high": 5.0,
+    "loss.kl_cov_frac": 0.0,
+    "loss.kl_cov_coef": 1.0,
     # Runs before these wrote no samples.jsonl; their progress off a terminal was silent.
     "eval.num_samples": 0,
     "log.print_every_s": 60.0,
@@ -41,9 +53,16 @@ ADDED_KEYS = {
 
 
 def migrate(config: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a config's plain dict with each ADDED_KEYS setting it lacks set to the old
-    value (its section created if it has none)."""
+    """A copy of a config's plain dict with each RENAMED_KEYS setting moved to its new name
+    (the new name wins where a config holds both) and each ADDED_KEYS setting it lacks set
+    to the old value (its section created if it has none)."""
     out = copy.deepcopy(config)
+    for old, new in RENAMED_KEYS.items():
+        (old_section, old_leaf), (new_section, new_leaf) = old.split("."), new.split(".")
+        section = out.get(old_section)
+        if isinstance(section, dict) and old_leaf in section:
+            value = section.pop(old_leaf)
+            out.setdefault(new_section, {}).setdefault(new_leaf, value)
     for key, value in ADDED_KEYS.items():
         *parents, leaf = key.split(".")
         node = out

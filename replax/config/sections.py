@@ -404,7 +404,12 @@ class LossSection:
     aggregation: str
     normalize_std: bool
     positive_weight: float
-    cov_clip_frac: float
+    cov_cut_frac: float
+    clip_cov_ratio: float
+    clip_cov_low: float
+    clip_cov_high: float
+    kl_cov_frac: float
+    kl_cov_coef: float
 
     def __post_init__(self):
         number("loss.epsilon_low", self.epsilon_low, low=0, high=1, high_open=True)
@@ -413,7 +418,24 @@ class LossSection:
         number("loss.rho_max", self.rho_max, low=0, low_open=True)
         number("loss.entropy_coef", self.entropy_coef)
         number("loss.positive_weight", self.positive_weight, low=0, low_open=True)
-        number("loss.cov_clip_frac", self.cov_clip_frac, low=0, high=1, high_open=True)
+        number("loss.cov_cut_frac", self.cov_cut_frac, low=0, high=1, high_open=True)
+        number("loss.clip_cov_ratio", self.clip_cov_ratio, low=0, high=1)
+        number("loss.clip_cov_low", self.clip_cov_low)
+        number("loss.clip_cov_high", self.clip_cov_high)
+        require(
+            self.clip_cov_low < self.clip_cov_high,
+            f"loss.clip_cov_low={self.clip_cov_low!r} with loss.clip_cov_high="
+            f"{self.clip_cov_high!r}: the band of covariances Clip-Cov draws from needs "
+            "low < high",
+        )
+        number("loss.kl_cov_frac", self.kl_cov_frac, low=0, high=1)
+        number("loss.kl_cov_coef", self.kl_cov_coef, low=0)
+        on = [f"loss.{k}" for k in objectives.COVARIANCE_OPTIONS if getattr(self, k)]
+        require(
+            len(on) <= 1,
+            f"{' and '.join(f'{k}={getattr(self, k[5:])!r}' for k in on)}: at most one "
+            "covariance option is on (set the others to 0)",
+        )
         one_of("loss.name", self.name, objectives.LOSSES)
         one_of("loss.aggregation", self.aggregation, objectives.AGGREGATIONS)
         library_check(self.config)
@@ -431,7 +453,12 @@ class LossSection:
             entropy_coef=self.entropy_coef,
             aggregation=self.aggregation,
             positive_weight=self.positive_weight,
-            cov_clip_frac=self.cov_clip_frac,
+            cov_cut_frac=self.cov_cut_frac,
+            clip_cov_ratio=self.clip_cov_ratio,
+            clip_cov_low=self.clip_cov_low,
+            clip_cov_high=self.clip_cov_high,
+            kl_cov_frac=self.kl_cov_frac,
+            kl_cov_coef=self.kl_cov_coef,
         )
 
 

@@ -31,9 +31,12 @@ def make_gradient_fn(
     logits_chunk_size: int = 0,
     num_microbatches: int = 1,
 ):
-    """(params, reference_params, batch) -> (grads, metrics) of the batch's policy loss;
-    the arguments are `train_step.make_train_step`'s (validated there). With
-    num_microbatches > 1 the gradient is accumulated in float32."""
+    """(params, reference_params, batch, covariance_key=None) -> (grads, metrics) of the
+    batch's policy loss; the arguments are `train_step.make_train_step`'s (validated
+    there), covariance_key the PRNG key of loss.clip_cov_ratio's draw. With
+    num_microbatches > 1 the gradient is accumulated in float32, and with a covariance
+    option on (objectives.LossConfig) a forward pass over the microbatches first gives the
+    whole batch's log-probs, so that its tokens are chosen as in one pass."""
     scale = 1.0 / temperature if temperature > 0 else 1.0
 
     def logprobs_and_entropy(params, batch):
@@ -60,7 +63,7 @@ def make_gradient_fn(
             return None
         return jax.lax.stop_gradient(logprobs_and_entropy(reference_params, batch)[0])
 
-    def batch_loss(logprobs, entropy, reference, batch):
+    def batch_loss(logprobs, entropy, reference, batch, covariance_key=None):
         return objectives.policy_loss(
             logprobs,
             batch["behaviour_logprobs"],
@@ -73,11 +76,14 @@ def make_gradient_fn(
             # Differentiable only when the entropy bonus is on: no backward pass otherwise.
             entropy=entropy if loss_config.entropy_coef else jax.lax.stop_gradient(entropy),
             sample_weights=batch["importance_weights"],
+            covariance_key=covariance_key,
+            covariance_selected=batch.get("covariance_selected"),
         )
 
-    def loss_fn(params, reference_params, batch):
+    def loss_fn(params, reference_params, batch, covariance_key):
         logprobs, entropy = logprobs_and_entropy(params, batch)
-        return batch_loss(logprobs, entropy, reference_logprobs(reference_params, batch), batch)
+        reference = reference_logprobs(reference_params, batch)
+        return batch_loss(logprobs, entropy, reference, batch, covariance_key)
 
     def microbatch_loss_fn(params, reference_params, micro, whole_denominator):
         """The microbatch's loss as its share of the whole batch's, and its per-token
@@ -89,11 +95,11 @@ def make_gradient_fn(
         per_token = (jax.lax.stop_gradient(logprobs), jax.lax.stop_gradient(entropy), reference)
         return loss * share, per_token
 
-    def gradient(params, reference_params, batch):
+    def gradient(params, reference_params, batch, covariance_key=None):
         """(grads, metrics) of the loss of the batch, in num_microbatches slices."""
         if num_microbatches == 1:
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, reference_params, batch
+                params, reference_params, batch, covariance_key
             )
             return grads, metrics
         m, rows = num_microbatches, batch["tokens"].shape[0]
@@ -106,6 +112,18 @@ def make_gradient_fn(
             return x.swapaxes(0, 1).reshape(rows, *x.shape[2:])
 
         whole_denominator = _loss_denominator(batch["loss_mask"], loss_config.aggregation)
+        if loss_config.covariance_option is not None:
+            # The tokens are ranked over the whole batch: its log-probs first, no gradient.
+            logprobs = merge(
+                jax.lax.map(
+                    lambda micro: jax.lax.stop_gradient(logprobs_and_entropy(params, micro)[0]),
+                    jax.tree.map(split, batch),
+                )
+            )  # [B, L]
+            selected = objectives.covariance_selection(
+                logprobs, batch["advantage"], batch["loss_mask"], loss_config, covariance_key
+            )
+            batch = {**batch, "covariance_selected": selected}
 
         def accumulate(grads, micro):
             micro_grads, per_token = jax.grad(microbatch_loss_fn, has_aux=True)(

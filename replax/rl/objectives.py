@@ -18,6 +18,9 @@ import jax.numpy as jnp
 
 LOSSES = ("ppo", "tis", "topr", "asymre", "decoupled_ppo", "m2po", "reinforce")
 AGGREGATIONS = ("token_mean", "sequence_mean")
+# Alternative answers to the same entropy collapse (two cut the same tokens' gradient, the
+# third pulls them back): LossConfig allows one at a time. Each is also its metric's name.
+COVARIANCE_OPTIONS = ("cov_cut_frac", "clip_cov_ratio", "kl_cov_frac")
 
 
 def group_advantages(rewards, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6):
@@ -55,12 +58,30 @@ class LossConfig:
       r - (baseline + delta_v)) is positive; negatives keep weight 1. Below 1 it is
       W-REINFORCE's down-weighting of positive samples (Zhu et al. 2025): reinforcing
       answers that are already likely is what lowers the policy's entropy.
-    cov_clip_frac: Clip-Cov (Cui et al. 2025): the gradient of this fraction of the
-      batch's completion tokens is cut, those whose covariance (log pi - its batch mean) x
-      (A - its batch mean) is largest and positive, the confident tokens of positive
-      rollouts whose updates lower the entropy most (the paper draws at random within a
-      covariance band; the largest are taken here, which needs no band for the scale).
-      With train.num_microbatches > 1 each microbatch ranks its own tokens.
+    Covariance options (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning
+    LMs"), at most one of them on. Each picks among the batch's valid completion tokens by
+    the covariance (log pi - m_lp) x (A - m_A), m_lp and m_A the means of log pi and of the
+    rollout's advantage over the batch's valid tokens (padding takes no part in either
+    mean). A token's covariance is positive when its rollout is above the mean advantage
+    and the token more likely than the mean token (a confident token of a good rollout),
+    or when its rollout is below the mean and the token less likely than the mean (an
+    unlikely token of a bad rollout): the updates of both lower the entropy. With
+    train.num_microbatches > 1 the tokens are picked over the whole batch, as in one pass
+    (`replax.rl.gradients` takes one extra forward pass for that).
+    cov_cut_frac: the gradient of the floor(frac x N) valid tokens of largest positive
+      covariance is cut (N the batch's valid tokens), their loss value kept: a
+      deterministic cut, with no band, not the paper's Clip-Cov.
+    clip_cov_ratio: the paper's Clip-Cov (r, 2e-4 there): max(1, floor(r x N)) tokens drawn
+      uniformly at random, without replacement, among the valid tokens whose covariance
+      lies in the open band (clip_cov_low, clip_cov_high) (1 and 5 there), all of them if
+      the band holds fewer, lose their gradient (value kept). The draw takes a PRNG key
+      (`policy_loss`'s covariance_key; the train step's is fold_in(key(0), step): one key
+      per step, whatever the seed, and the same after a resume). Unlike the authors' code,
+      tokens PPO already clips may be drawn.
+    kl_cov_frac: the paper's KL-Cov (k, 2e-3 at 7B): the max(1, floor(k x N)) valid tokens
+      of largest covariance get kl_cov_coef x |log pi - log mu| added to their loss (beta,
+      1 there), mu the behaviour policy. The paper's KL-Cov replaces PPO's clip; here the
+      term is added to whichever loss `name` is.
     kl_coef: weight of the k3 estimate of KL(pi || reference). entropy_coef: weight of the
       entropy bonus. aggregation: `token_mean` (sum over all tokens / tokens in the batch)
       or `sequence_mean` (mean over each sequence's tokens, then over sequences).
@@ -77,7 +98,12 @@ class LossConfig:
     entropy_coef: float = 0.0
     aggregation: str = "token_mean"
     positive_weight: float = 1.0
-    cov_clip_frac: float = 0.0
+    cov_cut_frac: float = 0.0
+    clip_cov_ratio: float = 0.0
+    clip_cov_low: float = 1.0
+    clip_cov_high: float = 5.0
+    kl_cov_frac: float = 0.0
+    kl_cov_coef: float = 1.0
 
     def __post_init__(self):
         if self.name not in LOSSES:
@@ -100,8 +126,31 @@ class LossConfig:
             )
         if not self.positive_weight > 0:
             raise ValueError(f"positive_weight={self.positive_weight} must be > 0")
-        if not 0 <= self.cov_clip_frac < 1:
-            raise ValueError(f"cov_clip_frac={self.cov_clip_frac} must be in [0, 1)")
+        if not 0 <= self.cov_cut_frac < 1:
+            raise ValueError(f"cov_cut_frac={self.cov_cut_frac} must be in [0, 1)")
+        if not (0 <= self.clip_cov_ratio <= 1 and 0 <= self.kl_cov_frac <= 1):
+            raise ValueError(
+                f"clip_cov_ratio={self.clip_cov_ratio} and kl_cov_frac={self.kl_cov_frac} "
+                "must be in [0, 1]"
+            )
+        if not self.clip_cov_low < self.clip_cov_high:
+            raise ValueError(
+                f"clip_cov_low={self.clip_cov_low} must be below clip_cov_high="
+                f"{self.clip_cov_high}: the band of covariances Clip-Cov draws from"
+            )
+        if not self.kl_cov_coef >= 0:
+            raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
+        on = [k for k in COVARIANCE_OPTIONS if getattr(self, k)]
+        if len(on) > 1:
+            raise ValueError(
+                f"{' and '.join(on)} are both on: at most one covariance option "
+                f"({', '.join(COVARIANCE_OPTIONS)}) at a time"
+            )
+
+    @property
+    def covariance_option(self) -> str | None:
+        """The covariance option that is on (a COVARIANCE_OPTIONS name), or None."""
+        return next((k for k in COVARIANCE_OPTIONS if getattr(self, k)), None)
 
 
 def _ppo_clip(ratio, advantage, config: LossConfig):
@@ -178,18 +227,51 @@ def _m2po_keep(log_ratio, mask, tau: float):
     return keep.reshape(mask.shape) * mask
 
 
-def _cov_clip_keep(logprobs, advantages, mask, frac: float):
-    """Clip-Cov's token mask [B, L]: 0 on the floor(frac x valid tokens) valid tokens of
-    largest positive covariance (log pi - mean) x (A - mean), means over valid tokens."""
+def token_covariance(logprobs, advantages, mask):
+    """float[B, L]: (log pi - m_lp) x (A - m_A) per token, m_lp and m_A the means over
+    the valid tokens (mask > 0) only; logprobs and mask [B, L], advantages [B]."""
     num_valid = jnp.maximum(mask.sum(), 1.0)
     a = jnp.broadcast_to(advantages[:, None], logprobs.shape)
-    centred = lambda x: x - jnp.sum(x * mask) / num_valid
-    cov = centred(logprobs) * centred(a)
-    cov = jnp.where(mask > 0, cov, -jnp.inf).reshape(-1)  # invalid tokens sort last
-    order = jnp.argsort(-cov, stable=True)  # largest first
-    rank = jnp.zeros(cov.shape, jnp.int32).at[order].set(jnp.arange(cov.shape[0]))
-    cut = (rank < jnp.floor(frac * mask.sum())) & (cov > 0)
-    return jnp.where(cut.reshape(mask.shape), 0.0, mask)
+    centred = lambda x: x - jnp.sum(jnp.where(mask > 0, x, 0.0)) / num_valid
+    return centred(logprobs) * centred(a)
+
+
+def _first_by_score(score, count):
+    """bool[...]: the `count` entries of largest score (ties to the first, in flat order);
+    entries scored -inf are never taken."""
+    flat = score.reshape(-1)
+    order = jnp.argsort(-flat, stable=True)  # largest first
+    rank = jnp.zeros(flat.shape, jnp.int32).at[order].set(jnp.arange(flat.shape[0]))
+    return ((rank < count) & (flat > -jnp.inf)).reshape(score.shape)
+
+
+def covariance_selection(logprobs, advantages, mask, config: LossConfig, key=None):
+    """float[B, L]: 1 on the tokens config's covariance option acts on (see LossConfig),
+    0 elsewhere and on padding; all 0 when no option is on. logprobs and mask [B, L] (no
+    gradient is taken through them), advantages [B]; key: a PRNG key, needed by
+    clip_cov_ratio only."""
+    option = config.covariance_option
+    if option is None:
+        return jnp.zeros(logprobs.shape, jnp.float32)
+    mask = (mask > 0).astype(jnp.float32)
+    num_valid = mask.sum()
+    cov = token_covariance(logprobs, advantages, mask)  # [B, L]
+    if option == "cov_cut_frac":
+        score = jnp.where((mask > 0) & (cov > 0), cov, -jnp.inf)
+        selected = _first_by_score(score, jnp.floor(config.cov_cut_frac * num_valid))
+    elif option == "kl_cov_frac":
+        score = jnp.where(mask > 0, cov, -jnp.inf)
+        count = jnp.maximum(jnp.floor(config.kl_cov_frac * num_valid), 1.0)
+        selected = _first_by_score(score, count)
+    else:
+        if key is None:
+            raise ValueError("loss.clip_cov_ratio draws tokens at random: give covariance_key")
+        in_band = (mask > 0) & (cov > config.clip_cov_low) & (cov < config.clip_cov_high)
+        # Uniform scores in the band: the largest `count` are a uniform draw of that size.
+        score = jnp.where(in_band, jax.random.uniform(key, cov.shape), -jnp.inf)
+        count = jnp.maximum(jnp.floor(config.clip_cov_ratio * num_valid), 1.0)
+        selected = _first_by_score(score, count)
+    return selected.astype(jnp.float32)
 
 
 def policy_loss(
@@ -205,10 +287,15 @@ def policy_loss(
     reference_logprobs=None,
     entropy=None,
     sample_weights=None,
+    covariance_key=None,
+    covariance_selected=None,
 ):
     """Policy loss of a batch. Log-probs and mask [B, L]; advantages, rewards, baselines,
     sample_weights [B] (sample_weights multiply each sequence's loss, e.g. priority-replay
-    importance weights). Returns (loss scalar, metrics dict of scalars)."""
+    importance weights). covariance_selected [B, L]: the tokens config's covariance option
+    acts on, when chosen over a larger batch than this one (a microbatch's share of the
+    whole batch's `covariance_selection`); None: chosen here, with covariance_key for
+    Clip-Cov's draw. Returns (loss scalar, metrics dict of scalars)."""
     if logprobs.ndim != 2:
         raise ValueError(f"logprobs must be [B, L], got {logprobs.shape}")
     for name, value in dict(
@@ -243,11 +330,21 @@ def policy_loss(
     num_tokens = jnp.maximum(mask.sum(), 1.0)
     token_mean = lambda x: jnp.sum(x * mask) / num_tokens
     metrics = {}
-    if config.cov_clip_frac:
-        keep = _cov_clip_keep(sg(logprobs), sg(advantages), mask, config.cov_clip_frac)
-        # A cut token keeps its loss value and loses its gradient.
-        token_loss = jnp.where(keep > 0, token_loss, sg(token_loss))
-        metrics["cov_clip_frac"] = 1.0 - keep.sum() / num_tokens
+    option = config.covariance_option
+    if option is not None:
+        if covariance_selected is None:
+            covariance_selected = covariance_selection(
+                sg(logprobs), sg(advantages), mask, config, covariance_key
+            )
+        selected = sg(covariance_selected) * mask  # [B, L]
+        if option == "kl_cov_frac":
+            # |log pi - log mu| pulls the selected tokens back towards the behaviour policy.
+            abs_kl = jnp.abs(logprobs - behaviour_logprobs)
+            token_loss = token_loss + config.kl_cov_coef * selected * abs_kl
+        else:
+            # A cut token keeps its loss value and loses its gradient.
+            token_loss = jnp.where(selected > 0, sg(token_loss), token_loss)
+        metrics[option] = 1.0 - jnp.sum(mask * (1.0 - selected)) / num_tokens
     if config.name == "m2po":
         keep = _m2po_keep(log_ratio, mask, config.m2po_tau)
         token_loss = token_loss * keep

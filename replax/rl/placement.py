@@ -123,10 +123,14 @@ class DisjointRollouts:
         self.busy_s = 0.0  # seconds the sampler spent on generations (decode + scoring)
         self.sync_s = 0.0  # seconds of the last weight transfer
         self.wait_s = 0.0  # seconds the trainer waited for the generation it consumed
+        # generation -> (start, end) of its decode and scoring, time.time() seconds: two
+        # clock reads a generation, so that overlap with training can be read off a run.
+        self.spans: dict[int, tuple[float, float]] = {}
         self._results: dict[int, tuple[rollouts.Fresh, int, float]] = {}
         self._failure: BaseException | None = None
         self._done = threading.Condition()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.consumed: int | None = None  # the generation the last `step` took
         self._submitted = -1  # the last generation handed to the sampler
         self._consumed = -1  # the last generation added to the replay store
         # This process's block of the trainer's rows: on several processes each decodes
@@ -152,9 +156,10 @@ class DisjointRollouts:
     def step(self, step: int, params, prompt_iter):
         """At the start of train step `step` (params: the trainer's weights after `step`
         steps): hands the sampler the generations that start now and takes the one added
-        now. Returns (Fresh or None, its policy version or None, its generation seconds)."""
+        now. Returns (Fresh or None, its policy version or None, its generation seconds);
+        `consumed` is then the generation taken, or None."""
         taken = None
-        g = self.plan.consumed_at(step)
+        g = self.consumed = self.plan.consumed_at(step)
         if g is not None:
             self._submit_through(step, params, prompt_iter, last=g)
             start = time.time()
@@ -232,8 +237,10 @@ class DisjointRollouts:
                     job.key,
                 )
                 jax.block_until_ready(scored.out)
-                seconds = time.time() - start
+                end = time.time()
+                seconds = end - start
                 with self._done:
+                    self.spans[job.generation] = (start, end)
                     self.busy_s += seconds
                     self._results[job.generation] = (scored, job.version, seconds)
                     self._done.notify_all()

@@ -261,15 +261,19 @@ def make_train_step(
 
     def step(state: TrainState, batch):
         _check_microbatches(batch, num_microbatches, data_shards, half_batch_stats)
-        # LOSS AND GRADIENT
+        # LOSS AND GRADIENT. Clip-Cov's draw is fixed by the step number alone, so that a
+        # resumed run (or the same step of another run) draws the same tokens.
+        covariance_key = None
+        if loss_config.clip_cov_ratio:
+            covariance_key = jax.random.fold_in(jax.random.key(0), state.step)
         if half_batch_stats:
-            grad_fn = lambda p, b: gradient(p, state.reference_params, b)
+            grad_fn = lambda p, b: gradient(p, state.reference_params, b, covariance_key)
             grads, metrics, halves = gradients.half_batch_gradient_stats(
                 grad_fn, state.params, batch
             )
             metrics = {**metrics, **halves}
         else:
-            grads, metrics = gradient(state.params, state.reference_params, batch)
+            grads, metrics = gradient(state.params, state.reference_params, batch, covariance_key)
         if num_microbatches > 1:  # accumulated in float32: back to the params' dtype
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         # OPTIMIZER UPDATE, skipped when not finite

@@ -26,6 +26,10 @@ TIMING_KEYS = (
     "trainer_busy_frac",
     "sync_s",
     "wait_s",
+    "gen_start_s",
+    "gen_end_s",
+    "train_start_s",
+    "train_end_s",
 )
 
 
@@ -39,6 +43,10 @@ PLACEMENT_KEYS = (
     "trainer_busy_frac",
     "sync_s",
     "wait_s",
+    "gen_start_s",
+    "gen_end_s",
+    "train_start_s",
+    "train_end_s",
     "replay_ratio_realised",
 )
 REPLAY_PREFIXES = ("replay_", "is_", "auto_", "halves_")

@@ -250,6 +250,7 @@ def run_loop(
         record["learning_rate"] = float(str(learning_rate))
         if disjoint is not None:
             record.update(_placement_record(disjoint, loop, step, version, generated, t_start))
+            record.update(train_start_s=t1 - t_start, train_end_s=t1 + train_s - t_start)
         loop.step = step + 1
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
@@ -389,7 +390,12 @@ def _placement_record(disjoint, loop: LoopState, step, version, generated, t_sta
     wall = max(time.time() - t_start, 1e-9)
     account = loop.account
     lag = step - version if generated else None
+    # When the generation added now ran, in seconds of the run (none for one finished
+    # into a checkpoint before a resume).
+    span = disjoint.spans.pop(disjoint.consumed, None) if generated else None
     return {
+        "gen_start_s": None if span is None else span[0] - t_start,
+        "gen_end_s": None if span is None else span[1] - t_start,
         "policy_lag_mean": lag,
         "policy_lag_max": lag,
         "sampler_busy_frac": disjoint.busy_s / wall,

@@ -129,18 +129,32 @@ _UNIT_RE = re.compile(
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mbox|mathrm|textrm|overline|boxed)\{([^{}]*)\}")
 
 
+# One argument of \frac: a braced group, a command such as \pi, or a single character.
+_FRAC_ARG = r"(\{[^{}]*\}|\\[A-Za-z]+|[^\s{}\\])"
+
+
 def _fix_fracs(s: str) -> str:
-    """\\frac12 -> \\frac{1}{2}, \\frac1{2} -> \\frac{1}{2}, \\frac{1}2 -> \\frac{1}{2}."""
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
-    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
-    return s
+    """\\frac12, \\frac1{2}, \\frac{1}2, \\frac\\pi4 -> \\frac{1}{2}, ..., \\frac{\\pi}{4}."""
+    braced = lambda arg: arg if arg.startswith("{") else "{" + arg + "}"
+    return re.sub(
+        r"\\frac" + _FRAC_ARG + _FRAC_ARG,
+        lambda m: "\\frac" + braced(m.group(1)) + braced(m.group(2)),
+        s,
+    )
 
 
 def normalize(answer: str) -> str:
     """Canonical string form of a final answer (see the module docstring)."""
     s = answer.strip().replace("\n", "").replace("\\!", "")
+    for opening, closing in (("\\(", "\\)"), ("\\[", "\\]")):  # display delimiters
+        if s.startswith(opening) and s.endswith(closing):
+            s = s[len(opening) : -len(closing)].strip()
+    if s.startswith(BOX_COMMANDS) and (boxed := last_boxed(s)) is not None:
+        # A box around the whole answer, nested braces and all (\boxed{\frac{1}{2}}).
+        if s.endswith("}") and len(boxed) + len(s.split("{", 1)[0]) + 2 == len(s):
+            s = boxed.strip()
     s = s.replace("\\\\", "\\").replace("\u2212", "-")
+    s = s.replace("{,}", ",")  # 10{,}080: LaTeX's thousands separator
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\^\{?\\circ\}?", "", s)

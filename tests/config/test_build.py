@@ -67,7 +67,13 @@ BAD_SETTINGS = [
     ({"train.batch_size": 20}, "train.batch_size=20: it must split over the 8"),
     ({"train.num_microbatches": 2, "loss.name": "m2po"}, "train.num_microbatches"),
     ({"loss.positive_weight": 0.0}, "loss.positive_weight"),
-    ({"loss.cov_clip_frac": 1.0}, "loss.cov_clip_frac"),
+    ({"loss.cov_cut_frac": 1.0}, "loss.cov_cut_frac"),
+    ({"loss.clip_cov_ratio": 1.5}, "loss.clip_cov_ratio"),
+    ({"loss.clip_cov_ratio": 2e-4, "loss.clip_cov_low": 5.0}, "loss.clip_cov_low"),
+    ({"loss.kl_cov_frac": -0.1}, "loss.kl_cov_frac"),
+    ({"loss.kl_cov_frac": 2e-3, "loss.kl_cov_coef": -1.0}, "loss.kl_cov_coef"),
+    # Two answers to the same entropy collapse at once: one is allowed.
+    ({"loss.cov_cut_frac": 0.2, "loss.clip_cov_ratio": 2e-4}, "loss.clip_cov_ratio"),
     # Auto mode splits each half of B = 16: 8 / 2 = 4 rows do not split over 8 shards.
     ({"train.num_microbatches": 2, "replay.mode": "auto"}, "half of train.batch_size"),
     ({"train.logits_chunk_size": -8}, "train.logits_chunk_size"),

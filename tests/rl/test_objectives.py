@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from replax.rl.objectives import LossConfig, group_advantages, policy_loss
+from replax.rl.objectives import LossConfig, covariance_selection, group_advantages, policy_loss
 
 # Three sequences of four tokens. log_ratio = log pi - log mu puts tokens on both sides
 # of the clip range [0.8, 1.2]: exp(0.3) = 1.35, exp(-0.4) = 0.67, exp(1.2) = 3.3.
@@ -287,7 +287,7 @@ def test_loss_config_validates_itself():
         policy_loss(LOGPROBS, BEHAVIOUR, MASK[:, :3], ADVANTAGES, config=LossConfig())
 
 
-def test_cov_clip_cuts_the_gradient_of_the_largest_covariance_tokens():
+def test_cov_cut_cuts_the_gradient_of_the_largest_covariance_tokens():
     # Clip-Cov: with 9 valid tokens and frac 0.25, the 2 of largest positive covariance
     # (log pi - mean) x (A - mean) lose their gradient, the loss value is unchanged.
     lp, a = LOGPROBS, np.broadcast_to(ADVANTAGES[:, None], LOGPROBS.shape)
@@ -297,7 +297,7 @@ def test_cov_clip_cuts_the_gradient_of_the_largest_covariance_tokens():
     cut[np.argsort(-cov.reshape(-1), kind="stable")[:2]] = True
     cut = cut.reshape(cov.shape) & (cov > 0)
     assert cut.sum() == 2
-    config = LossConfig("ppo", cov_clip_frac=0.25)
+    config = LossConfig("ppo", cov_cut_frac=0.25)
     grad = jax.grad(lambda x: run_loss(config, logprobs_override=x)[0])
     plain = jax.grad(lambda x: run_loss(LossConfig("ppo"), logprobs_override=x)[0])
     g, g0 = np.asarray(grad(jnp.asarray(LOGPROBS))), np.asarray(plain(jnp.asarray(LOGPROBS)))
@@ -306,6 +306,172 @@ def test_cov_clip_cuts_the_gradient_of_the_largest_covariance_tokens():
     assert np.abs(g0[cut]).min() > 0  # the cut tokens had a gradient
     loss, metrics = run_loss(config)
     np.testing.assert_allclose(loss, run_loss(LossConfig("ppo"))[0], rtol=1e-6)
-    np.testing.assert_allclose(metrics["cov_clip_frac"], 2 / MASK.sum(), rtol=1e-6)
-    with pytest.raises(ValueError, match="cov_clip_frac=1.0 must be in"):
-        LossConfig(cov_clip_frac=1.0)
+    np.testing.assert_allclose(metrics["cov_cut_frac"], 2 / MASK.sum(), rtol=1e-6)
+    with pytest.raises(ValueError, match="cov_cut_frac=1.0 must be in"):
+        LossConfig(cov_cut_frac=1.0)
+
+
+# ---------------------------------------------------------------- covariance options
+
+
+def numpy_covariance(lp, advantages, mask):
+    """(log pi - mean) x (A - mean) per token, both means over the valid tokens only."""
+    a = np.broadcast_to(advantages[:, None], lp.shape)
+    valid = mask > 0
+    return (lp - lp[valid].mean()) * (a - a[valid].mean())
+
+
+def numpy_largest(cov, mask, count, positive_only):
+    """bool[B, L]: the `count` valid tokens of largest covariance (positive ones only if
+    asked), ties to the first in flat order."""
+    eligible = (mask > 0) & ((cov > 0) if positive_only else True)
+    order = np.argsort(-np.where(eligible, cov, -np.inf).reshape(-1), kind="stable")
+    chosen = np.zeros(cov.size, bool)
+    chosen[order[: int(count)]] = True
+    return chosen.reshape(cov.shape) & eligible
+
+
+def loss_grad(config, lp, behaviour, mask, advantages, **kwargs):
+    """(loss, d loss / d log pi) of policy_loss as numpy arrays."""
+    fn = lambda x: policy_loss(x, behaviour, mask, advantages, config=config, **kwargs)[0]
+    loss, grad = jax.value_and_grad(fn)(jnp.asarray(lp))
+    return float(loss), np.asarray(grad)
+
+
+def test_covariance_means_ignore_padding():
+    # The same valid tokens, padded once to 4 positions with the log-prob 0 and once to 7
+    # with -30: were the padding in the means, m_lp would move from about -0.9 to about
+    # -12 and every valid token's covariance would take the sign of A - m_A alone. REINFORCE:
+    # every valid token has a gradient, -A / N, but the cut ones.
+    config = LossConfig("reinforce", cov_cut_frac=0.25)
+    wide = lambda x, fill: np.concatenate([x, np.full((3, 3), fill, np.float32)], axis=1)
+    lp_short, lp_long = np.where(MASK > 0, LOGPROBS, 0.0), np.where(MASK > 0, LOGPROBS, -30.0)
+    mask_long, lp_long = wide(MASK, 0.0), wide(lp_long, -30.0)
+    behaviour_long = wide(np.where(MASK > 0, BEHAVIOUR, 5.0), 5.0)
+    short = loss_grad(config, lp_short, BEHAVIOUR, MASK, ADVANTAGES)
+    long = loss_grad(config, lp_long, behaviour_long, mask_long, ADVANTAGES)
+    np.testing.assert_allclose(long[0], short[0], rtol=1e-6)
+    # The cut is the same 2 tokens: the gradient of every valid token agrees.
+    np.testing.assert_allclose(long[1][:, :4] * MASK, short[1] * MASK, rtol=1e-6, atol=1e-7)
+    cut = numpy_largest(numpy_covariance(LOGPROBS, ADVANTAGES, MASK), MASK, 2, True)
+    np.testing.assert_array_equal(short[1][cut], 0.0)
+    assert np.abs(short[1][(MASK > 0) & ~cut]).min() > 0
+
+
+def test_cov_cut_matches_numpy_on_a_larger_batch():
+    # 6 sequences of 10 with ragged padding: floor(0.1 x valid) tokens of largest positive
+    # covariance lose their gradient, every other valid token keeps plain PPO's.
+    rng = np.random.default_rng(0)
+    lp = -rng.uniform(0.05, 3.0, (6, 10)).astype(np.float32)
+    behaviour = lp - rng.normal(0, 0.1, (6, 10)).astype(np.float32)
+    mask = (np.arange(10)[None, :] < np.array([10, 4, 7, 9, 2, 6])[:, None]).astype(np.float32)
+    advantages = rng.normal(size=6).astype(np.float32)
+    config = LossConfig("ppo", cov_cut_frac=0.1)
+    cut = numpy_largest(numpy_covariance(lp, advantages, mask), mask, 0.1 * mask.sum() // 1, True)
+    assert cut.sum() == 3
+    _, grad = loss_grad(config, lp, behaviour, mask, advantages)
+    _, plain = loss_grad(LossConfig("ppo"), lp, behaviour, mask, advantages)
+    np.testing.assert_array_equal(grad[cut], 0.0)
+    np.testing.assert_allclose(grad[~cut], plain[~cut], rtol=1e-6)
+
+
+# A batch whose covariances span the paper's band (1, 5): advantages of a few units and
+# log-probs spread over a few nats.
+BAND_RNG = np.random.default_rng(1)
+BAND_LP = -BAND_RNG.uniform(0.0, 6.0, (8, 12)).astype(np.float32)
+BAND_BEHAVIOUR = BAND_LP - BAND_RNG.normal(0, 0.3, (8, 12)).astype(np.float32)
+BAND_MASK = (np.arange(12)[None, :] < BAND_RNG.integers(3, 13, 8)[:, None]).astype(np.float32)
+BAND_ADV = BAND_RNG.normal(0, 2.0, 8).astype(np.float32)
+BAND_COV = numpy_covariance(BAND_LP, BAND_ADV, BAND_MASK)
+IN_BAND = (BAND_MASK > 0) & (BAND_COV > 1.0) & (BAND_COV < 5.0)
+
+
+def clip_cov_selected(config, key):
+    return np.asarray(
+        covariance_selection(BAND_LP, BAND_ADV, BAND_MASK, config, jax.random.key(key))
+    ).astype(bool)
+
+
+def test_clip_cov_draws_its_count_in_the_band_at_random():
+    num_valid = int(BAND_MASK.sum())
+    assert IN_BAND.sum() >= 10 and (BAND_MASK > 0).sum() > IN_BAND.sum()
+    config = LossConfig("ppo", clip_cov_ratio=0.1)
+    draws = [clip_cov_selected(config, key) for key in range(8)]
+    for selected in draws:
+        assert selected.sum() == max(1, int(0.1 * num_valid))
+        assert not (selected & ~IN_BAND).any()  # every drawn token lies in the band
+    np.testing.assert_array_equal(clip_cov_selected(config, 3), draws[3])  # the key fixes it
+    assert len({d.tobytes() for d in draws}) > 1  # and different keys draw differently
+    # Over many draws every band token is drawn: the draw is not a fixed ranking.
+    hits = sum(clip_cov_selected(config, key) for key in range(64))
+    assert (hits[IN_BAND] > 0).all()
+    # A ratio past the band's size takes the whole band; the paper's 2e-4 takes one token.
+    np.testing.assert_array_equal(clip_cov_selected(LossConfig(clip_cov_ratio=0.9), 0), IN_BAND)
+    assert clip_cov_selected(LossConfig(clip_cov_ratio=2e-4), 0).sum() == 1
+    narrow = LossConfig(clip_cov_ratio=0.5, clip_cov_low=2.0, clip_cov_high=3.0)
+    chosen = clip_cov_selected(narrow, 0)
+    assert chosen.any() and (BAND_COV[chosen] > 2.0).all() and (BAND_COV[chosen] < 3.0).all()
+
+
+def test_clip_cov_gradient_with_the_draw_fixed_matches_numpy():
+    # The drawn tokens lose their gradient and keep their loss value; on the others PPO's
+    # numpy gradient: d/d lp of -min(r A, clip(r) A) is -r A where unclipped, else 0.
+    config = LossConfig("ppo", clip_cov_ratio=0.1)
+    key = jax.random.key(5)
+    selected = np.asarray(covariance_selection(BAND_LP, BAND_ADV, BAND_MASK, config, key)) > 0
+    loss, grad = loss_grad(config, BAND_LP, BAND_BEHAVIOUR, BAND_MASK, BAND_ADV, covariance_key=key)
+    ratio = np.exp(BAND_LP - BAND_BEHAVIOUR)
+    a = np.broadcast_to(BAND_ADV[:, None], ratio.shape)
+    unclipped = (ratio * a) <= (np.clip(ratio, 0.8, 1.2) * a)
+    numpy_grad = np.where(unclipped, -ratio * a, 0.0) * BAND_MASK / BAND_MASK.sum()
+    numpy_grad[selected] = 0.0
+    np.testing.assert_allclose(grad, numpy_grad, rtol=1e-5, atol=1e-7)
+    assert np.abs(np.where(unclipped, ratio * a, 0.0)[selected]).min() > 0  # they had one
+    numpy_loss = (-np.minimum(ratio * a, np.clip(ratio, 0.8, 1.2) * a) * BAND_MASK).sum()
+    np.testing.assert_allclose(loss, numpy_loss / BAND_MASK.sum(), rtol=1e-5)
+    # The selection passed in is the one used (a microbatch gets the whole batch's).
+    _, given = loss_grad(
+        config, BAND_LP, BAND_BEHAVIOUR, BAND_MASK, BAND_ADV, covariance_selected=selected
+    )
+    np.testing.assert_allclose(given, grad, rtol=1e-6)
+    with pytest.raises(ValueError, match="give covariance_key"):
+        loss_grad(config, BAND_LP, BAND_BEHAVIOUR, BAND_MASK, BAND_ADV)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
+def test_kl_cov_matches_numpy(aggregation):
+    # KL-Cov: coef |lp - mu| on the max(1, floor(k N)) valid tokens of largest covariance.
+    k, coef = 0.05, 2.0
+    config = LossConfig("ppo", kl_cov_frac=k, kl_cov_coef=coef, aggregation=aggregation)
+    plain = LossConfig("ppo", aggregation=aggregation)
+    chosen = numpy_largest(BAND_COV, BAND_MASK, max(1, int(k * BAND_MASK.sum())), False)
+    assert chosen.sum() == int(k * BAND_MASK.sum()) >= 2
+    loss, grad = loss_grad(config, BAND_LP, BAND_BEHAVIOUR, BAND_MASK, BAND_ADV)
+    loss0, grad0 = loss_grad(plain, BAND_LP, BAND_BEHAVIOUR, BAND_MASK, BAND_ADV)
+    log_ratio = BAND_LP - BAND_BEHAVIOUR
+    # What each token's loss gains, and its weight in the batch's mean.
+    if aggregation == "token_mean":
+        weight = BAND_MASK / BAND_MASK.sum()
+    else:
+        weight = BAND_MASK / BAND_MASK.sum(axis=1, keepdims=True) / BAND_MASK.shape[0]
+    np.testing.assert_allclose(
+        loss - loss0, (coef * np.abs(log_ratio) * chosen * weight).sum(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        grad - grad0, coef * np.sign(log_ratio) * chosen * weight, rtol=1e-5, atol=1e-7
+    )
+    _, metrics = policy_loss(BAND_LP, BAND_BEHAVIOUR, BAND_MASK, BAND_ADV, config=config)
+    np.testing.assert_allclose(metrics["kl_cov_frac"], chosen.sum() / BAND_MASK.sum(), rtol=1e-6)
+
+
+def test_covariance_options_validate_themselves():
+    with pytest.raises(ValueError, match="cov_cut_frac and kl_cov_frac are both on"):
+        LossConfig(cov_cut_frac=0.2, kl_cov_frac=0.01)
+    with pytest.raises(ValueError, match="clip_cov_ratio and kl_cov_frac are both on"):
+        LossConfig(clip_cov_ratio=0.01, kl_cov_frac=0.01)
+    with pytest.raises(ValueError, match="clip_cov_low=5.0 must be below clip_cov_high=5.0"):
+        LossConfig(clip_cov_ratio=0.01, clip_cov_low=5.0)
+    with pytest.raises(ValueError, match="clip_cov_ratio=1.5 and kl_cov_frac=0.0"):
+        LossConfig(clip_cov_ratio=1.5)
+    with pytest.raises(ValueError, match="kl_cov_coef=-1.0 must be >= 0"):
+        LossConfig(kl_cov_frac=0.01, kl_cov_coef=-1.0)

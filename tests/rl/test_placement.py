@@ -124,3 +124,53 @@ def test_a_bad_placement_exits_2_before_anything_is_written(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "rollout.num_devices=8 of 8 devices" in lines[0], proc.stderr
     assert not os.path.exists(workdir)
+
+
+def test_the_sampler_generates_while_the_trainer_trains(tmp_path):
+    # K = 4 train steps per generation, lag 4: generation g + 1 is handed to the sampler at
+    # step t_g = 4g and decodes while the trainer takes steps 4g .. 4g + 3. Scoring sleeps
+    # 0.4 s a generation (benchmarks/slow_reward.py: a verifier's wait, which frees the
+    # cores), so each side has real work to hide behind the other's on 2 loaded cores.
+    k = 4
+    proc = run_train(
+        str(tmp_path),
+        *DISJOINT,
+        f"--config.train.max_steps_per_generation={k}",
+        f"--config.rollout.max_policy_lag={k}",
+        "--config.task.reward_s=0.4",
+        "--config.task.completions=8",
+        "--config.eval.every=0",
+        "--config.total_steps=24",
+        "--config.checkpoint_every=24",
+        config="scripts/benchmarks/slow_reward_config.py",
+        env={"PYTHONPATH": os.pathsep.join(["scripts", os.environ.get("PYTHONPATH", "")])},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read(str(tmp_path))
+    train = {r["step"] - 1: (r["train_start_s"], r["train_end_s"]) for r in records}
+    gen = {
+        (r["step"] - 1) // k: (r["gen_start_s"], r["gen_end_s"])
+        for r in records
+        if r["gen_start_s"] is not None
+    }
+    assert sorted(gen) == list(range(6))
+    # The window after compilation: steps 8 .. 19, during which generations 3 .. 5 run.
+    steps, generations = range(8, 20), range(3, 6)
+    overlap = lambda a, b: max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+    for g in generations:
+        window = [train[t] for t in range(k * (g - 1), k * g)]  # the steps it runs beside
+        # It starts before those train steps end, and is busy for at least half of their
+        # train seconds (a trainer that waited for it would overlap none of them).
+        assert gen[g][0] < window[-1][1], (g, gen[g], window)
+        busy_beside = sum(overlap(gen[g], span) for span in window)
+        assert busy_beside >= 0.5 * sum(end - start for start, end in window), (g, gen[g], window)
+    # A trainer that waited for each generation right after handing it over would need at
+    # least the sum of both sides' busy seconds; overlapped, at least half of the smaller
+    # side's seconds are hidden behind the other's.
+    gen_busy = sum(gen[g][1] - gen[g][0] for g in generations)
+    train_busy = sum(train[t][1] - train[t][0] for t in steps)
+    wall = max(train[steps[-1]][1], gen[generations[-1]][1]) - min(
+        train[steps[0]][0], gen[generations[0]][0]
+    )
+    hidden = gen_busy + train_busy - wall
+    assert hidden >= 0.5 * min(gen_busy, train_busy), (wall, gen_busy, train_busy)

@@ -467,6 +467,31 @@ def test_microbatches_give_the_single_pass_step(initial_params, aggregation):
     assert_same_steps(got, expected)
 
 
+@pytest.mark.parametrize(
+    "loss",
+    [
+        objectives.LossConfig(name="ppo", cov_cut_frac=0.2),
+        # A band wide enough for the test batch's small covariances.
+        objectives.LossConfig(
+            name="ppo", clip_cov_ratio=0.2, clip_cov_low=0.0, clip_cov_high=100.0
+        ),
+        objectives.LossConfig(name="ppo", kl_cov_frac=0.2, aggregation="sequence_mean"),
+    ],
+    ids=["cov_cut", "clip_cov", "kl_cov"],
+)
+def test_microbatches_choose_the_covariance_tokens_over_the_whole_batch(initial_params, loss):
+    """The covariance means and ranking are over the whole batch, not each microbatch:
+    2 microbatches give the single pass's step, the same tokens cut or penalised (Clip-Cov
+    draws with the step's key, the same in both)."""
+    expected = run_steps(*build_with({}, loss=loss, params=initial_params), seeds=(1, 2))
+    got = run_steps(
+        *build_with({"num_microbatches": 2}, loss=loss, params=initial_params), seeds=(1, 2)
+    )
+    option = loss.covariance_option
+    assert all(metrics[option] > 0.1 for metrics in expected[1])
+    assert_same_steps(got, expected)
+
+
 def test_microbatches_chunks_and_a_reference_together(initial_params):
     """4 microbatches of 2 rows on 2 data shards, chunked log-probs, the KL reference and
     importance weights that differ per row."""
