@@ -90,6 +90,8 @@ from replax.config import spec as spec_lib  # noqa: E402
 from replax.core import config_utils
 from replax.tools import analysis, run_store
 from replax.tools import experiments as ex  # noqa: E402
+from replax.tools import report as report_lib
+from replax.tools import transfer as transfer_lib
 
 REFERENCE = "onpolicy"
 CANDIDATE = "replay"
@@ -436,9 +438,9 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
 
     def spec_of(spec):
         if not os.path.exists(data_file):
-            ex.shortest_questions(args.transfer_gsm8k, n, data_file)
+            transfer_lib.shortest_questions(args.transfer_gsm8k, n, data_file)
         os.makedirs(os.path.join(plan.workdir, "transfer", "data"), exist_ok=True)
-        return ex.transfer_spec(
+        return transfer_lib.transfer_spec(
             spec,
             data_file,
             num_prompts=n,
@@ -457,7 +459,7 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
         result = evaluate()
         if result is None:
             return None
-        analysis.write_json(path, {**settings, **result})
+        report_lib.write_json(path, {**settings, **result})
         log(f"transfer: {result['eval_accuracy']:.3f} -> {path}")
         return result["eval_accuracy"]
 
@@ -477,7 +479,7 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
         lambda: (
             None
             if args.assemble_only
-            else ex.transfer_evaluation(
+            else transfer_lib.transfer_evaluation(
                 base_spec, spec_of(base_spec), os.path.join(plan.workdir, "transfer"), base=True
             )
         ),
@@ -492,7 +494,7 @@ def transfer(plan: Plan, results, log=print) -> dict | None:
                 if args.assemble_only or not os.path.isdir(os.path.join(d, "checkpoints")):
                     log(f"transfer: {d} has neither {TRANSFER_RUN.format(n=n)} nor checkpoints")
                     return None
-                return ex.transfer_evaluation(spec, spec_of(spec), d)
+                return transfer_lib.transfer_evaluation(spec, spec_of(spec), d)
 
             per_seed.append(cached(os.path.join(d, TRANSFER_RUN.format(n=n)), evaluate))
         variants[v] = {
@@ -776,15 +778,15 @@ def table(payload) -> str:
         rows.append(
             [
                 v,
-                analysis.fmt(s["lr"], "lr"),
-                analysis.fmt(s["final_accuracy"], "pct"),
-                analysis.fmt(s["pass_at_k"], "pct"),
-                analysis.fmt(s["entropy"]),
-                analysis.fmt(s["gen_tokens_to_target"], "int"),
-                analysis.fmt(s["cost_to_target"], "int"),
-                analysis.fmt(s["wall_s"], "int"),
-                analysis.fmt(s["entropy_at_target"]),
-                analysis.fmt(s["device_s_to_target"], "int"),
+                report_lib.fmt(s["lr"], "lr"),
+                report_lib.fmt(s["final_accuracy"], "pct"),
+                report_lib.fmt(s["pass_at_k"], "pct"),
+                report_lib.fmt(s["entropy"]),
+                report_lib.fmt(s["gen_tokens_to_target"], "int"),
+                report_lib.fmt(s["cost_to_target"], "int"),
+                report_lib.fmt(s["wall_s"], "int"),
+                report_lib.fmt(s["entropy_at_target"]),
+                report_lib.fmt(s["device_s_to_target"], "int"),
             ]
         )
     header = [
@@ -802,12 +804,12 @@ def table(payload) -> str:
     notes = (
         f"\nTarget {100 * payload['target_accuracy']:.1f}% ({payload['target_source']}); "
         f"medians over seeds {payload['seeds']}. inference ratio "
-        f"{analysis.fmt(payload['inference_ratio'])}, compute ratio "
-        f"{analysis.fmt(payload['compute_ratio'])} at mu={payload['mu_model']:g}, "
-        f"{analysis.fmt(payload['compute_ratio_at_mu_measured'])} at "
-        f"the measured mu={analysis.fmt(payload['mu_measured'])}.\n"
+        f"{report_lib.fmt(payload['inference_ratio'])}, compute ratio "
+        f"{report_lib.fmt(payload['compute_ratio'])} at mu={payload['mu_model']:g}, "
+        f"{report_lib.fmt(payload['compute_ratio_at_mu_measured'])} at "
+        f"the measured mu={report_lib.fmt(payload['mu_measured'])}.\n"
     )
-    return analysis.markdown_table(header, rows) + notes + details(payload)
+    return report_lib.markdown_table(header, rows) + notes + details(payload)
 
 
 def points(value) -> str:
@@ -828,7 +830,7 @@ def details(payload) -> str:
         tried = ", ".join(
             f"{g['lr']:g} ("
             + ", ".join(
-                f"{analysis.fmt(g[k], 'pct')} {k.split('_')[0]}"
+                f"{report_lib.fmt(g[k], 'pct')} {k.split('_')[0]}"
                 for k in ("final_accuracy", "mean_accuracy")
                 if g.get(k) is not None
             )
@@ -849,18 +851,18 @@ def details(payload) -> str:
                 [
                     v,
                     seed,
-                    analysis.fmt(per["final_accuracy"][i], "pct"),
-                    analysis.fmt(per["gen_tokens_to_target"][i], "int"),
-                    analysis.fmt(per["cost_to_target"][i], "int"),
-                    analysis.fmt(per["gen_tokens"][i], "int"),
+                    report_lib.fmt(per["final_accuracy"][i], "pct"),
+                    report_lib.fmt(per["gen_tokens_to_target"][i], "int"),
+                    report_lib.fmt(per["cost_to_target"][i], "int"),
+                    report_lib.fmt(per["gen_tokens"][i], "int"),
                 ]
             )
-    lines += ["", "Per seed:", "", analysis.markdown_table(header, rows).rstrip()]
+    lines += ["", "Per seed:", "", report_lib.markdown_table(header, rows).rstrip()]
     for v, vs in (payload.get("versus") or {}).items():
         if vs is None:
             continue
         ratios = ", ".join(
-            f"seed {seed}: {analysis.fmt(a)} / {analysis.fmt(b)}"
+            f"seed {seed}: {report_lib.fmt(a)} / {report_lib.fmt(b)}"
             for seed, a, b in zip(vs["seeds"], vs["inference_ratio"], vs["compute_ratio"])
         )
         pairs, spread = vs["ahead_pairs"], vs["seed_spread"]
@@ -880,7 +882,7 @@ def details(payload) -> str:
         lines += ["", "Held-out entropy at equal accuracy (median over the seeds that reach it):"]
         for v, s in payload["variants"].items():
             at = ", ".join(
-                f"{100 * a:.1f}%: {analysis.fmt(s['entropy_at_accuracy'].get(f'{a:.4g}'))}"
+                f"{100 * a:.1f}%: {report_lib.fmt(s['entropy_at_accuracy'].get(f'{a:.4g}'))}"
                 for a in levels
             )
             lines.append(f"- {v}: {at}")
@@ -890,10 +892,10 @@ def details(payload) -> str:
             "",
             f"Transfer (not a target): greedy accuracy on the {t['prompts']} shortest "
             f"questions of {t['data']} ({t['max_new_tokens']} new tokens): base "
-            f"{analysis.fmt(t['base'], 'pct')}; "
+            f"{report_lib.fmt(t['base'], 'pct')}; "
             + "; ".join(
-                f"{v} {analysis.fmt(r['eval_accuracy'], 'pct')} (per seed "
-                f"{', '.join(analysis.fmt(a, 'pct') for a in r['per_seed'])})"
+                f"{v} {report_lib.fmt(r['eval_accuracy'], 'pct')} (per seed "
+                f"{', '.join(report_lib.fmt(a, 'pct') for a in r['per_seed'])})"
                 for v, r in t["variants"].items()
             )
             + ".",
@@ -993,7 +995,7 @@ def cost_model_mu(text: str) -> tuple[float, str]:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    t0, load_start = time.time(), analysis.load_average()
+    t0, load_start = time.time(), report_lib.load_average()
     try:
         args = parse_args(argv)
         plan = Plan(args)
@@ -1021,7 +1023,9 @@ def main(argv=None) -> int:
         plot(payload, curves, path)
         plot_entropy(payload, curves, os.path.join(os.path.dirname(path), "compare_entropy.png"))
 
-    ex.write_report(plan.workdir, "compare", payload, table(payload), plot_to, argv, t0, load_start)
+    report_lib.write_report(
+        plan.workdir, "compare", payload, table(payload), plot_to, argv, t0, load_start
+    )
     if args.report:  # e.g. docs/results/smollm2_compare: the committed copy of the study
         os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
         for suffix in (".json", ".md", ".png", "_entropy.png"):

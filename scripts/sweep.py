@@ -43,6 +43,7 @@ from replax.config import spec as spec_lib  # noqa: E402
 from replax.core import config_utils
 from replax.tools import analysis
 from replax.tools import experiments as ex  # noqa: E402
+from replax.tools import report as report_lib
 
 KEYS = (
     "final_accuracy",
@@ -318,13 +319,13 @@ def table(payload) -> str:
                 _label(c["y"]),
                 c["overrides"]["train.batch_size"],
                 c["overrides"]["replay.capacity"],
-                analysis.fmt(c.get("final_accuracy"), "pct") if feasible else "n/a",
-                analysis.fmt(c.get("gen_tokens_to_target"), "int") if feasible else "n/a",
-                analysis.fmt(c.get("cost_to_target"), "int") if feasible else "n/a",
-                analysis.fmt(c.get("compute_ratio"))
+                report_lib.fmt(c.get("final_accuracy"), "pct") if feasible else "n/a",
+                report_lib.fmt(c.get("gen_tokens_to_target"), "int") if feasible else "n/a",
+                report_lib.fmt(c.get("cost_to_target"), "int") if feasible else "n/a",
+                report_lib.fmt(c.get("compute_ratio"))
                 if feasible and c.get("compute_ratio")
                 else "-",
-                analysis.fmt(c.get("wall_s"), "int") if feasible else "n/a",
+                report_lib.fmt(c.get("wall_s"), "int") if feasible else "n/a",
             ]
         )
     header = [
@@ -344,7 +345,7 @@ def table(payload) -> str:
         f"{100 * payload['target_accuracy']:.1f}% ({payload['target_source']}), seeds "
         f"{payload['seeds']}; best: {payload['best']}.\n"
     )
-    return analysis.markdown_table(header, rows) + notes
+    return report_lib.markdown_table(header, rows) + notes
 
 
 def plot(payload, path: str) -> None:
@@ -378,7 +379,7 @@ def plot(payload, path: str) -> None:
             ax.add_patch(
                 plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", color="grey")
             )
-            text, colour = f"never\n{analysis.fmt(c.get('final_accuracy'), 'pct')}", "black"
+            text, colour = f"never\n{report_lib.fmt(c.get('final_accuracy'), 'pct')}", "black"
         else:
             text = f"{c['cost_to_target']:,.0f}"
             if c.get("compute_ratio") is not None:
@@ -402,7 +403,7 @@ def plot(payload, path: str) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    t0, load_start = time.time(), analysis.load_average()
+    t0, load_start = time.time(), report_lib.load_average()
     try:
         args = parse_args(argv)
         sweep = Sweep(args)
@@ -414,7 +415,9 @@ def main(argv=None) -> int:
     with ex.compilation_cache(ex.cache_dir(args.compilation_cache, sweep.workdir)):
         payload = run_and_summarize(sweep)
     plot_to = lambda path: plot(payload, path)  # noqa: E731
-    ex.write_report(sweep.workdir, "sweep", payload, table(payload), plot_to, argv, t0, load_start)
+    report_lib.write_report(
+        sweep.workdir, "sweep", payload, table(payload), plot_to, argv, t0, load_start
+    )
     return 0
 
 

@@ -6,6 +6,8 @@
   medians, entropy at equal accuracy) from runs' metrics.
 - `aot`: every program of a run lowered and compiled for a TPU topology on any host,
   with the compiler's memory and cost analysis.
+- `report`: a study's files (JSON, markdown tables, the machine it ran on).
+- `transfer`: a run's greedy accuracy on the shortest questions of a GSM8K file.
 - `run_store`: a run's identity by its settings, and the small files kept of it so a
   study is rebuilt from committed runs.
 - `tpu_targets`: TPU slices by name, their chips' published figures, the roofline.
