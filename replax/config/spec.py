@@ -20,21 +20,23 @@ from typing import Any
 import ml_collections
 
 from replax.config import validation
+from replax.config.learning import (
+    EvalSection,
+    LossSection,
+    OptimizerSection,
+    ReplaySection,
+    RolloutSection,
+    TrainSection,
+)
 from replax.config.migration import migrate
 from replax.config.sections import (
     MODEL_RUN_KEYS,
     TASK_DATA_KEYS,
-    EvalSection,
     LogSection,
-    LossSection,
     MeshSection,
     ModelSection,
-    OptimizerSection,
-    ReplaySection,
-    RolloutSection,
     TaskSection,
     TokenizerSection,
-    TrainSection,
     WarmstartSection,
 )
 from replax.core.config_utils import did_you_mean, number, positive, require

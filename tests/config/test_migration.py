@@ -52,7 +52,7 @@ def test_an_old_config_with_the_old_name_parses_to_its_value():
     from replax.config import spec
     from replax.tools import experiments
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     values = experiments.load_config(os.path.join(root, "configs", "arith.py"), None).to_dict()
     values["loss"]["cov_clip_frac"] = values["loss"].pop("cov_cut_frac") / 2  # 0.1
     assert spec.parse(values).loss.cov_cut_frac == 0.1

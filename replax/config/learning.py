@@ -1,0 +1,295 @@
+"""How a run learns: the rollout, replay, loss, optimizer, train and eval sections of a
+RunSpec, each checking its own keys."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from replax.config import sections
+from replax.core.config_utils import number, one_of, positive, require
+from replax.model import transformer as model_lib
+from replax.replay import auto as auto_replay
+from replax.replay import store as replay_lib
+from replax.rl import objectives
+from replax.rl import train_step as train_step_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    """R = prompts_per_step x group_size fresh rollouts a step: lengths, sampling,
+    numerics and the sampler's mesh (empty: the training mesh)."""
+
+    prompts_per_step: int
+    group_size: int
+    max_prompt_len: int
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    top_p_candidates: int
+    dtype: str
+    cache_dtype: str
+    mesh_shape: tuple[int, ...]
+    placement: str
+    num_devices: int
+    sync_every: int
+    max_policy_lag: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        one_of("rollout.placement", self.placement, sections.PLACEMENTS)
+        number("rollout.num_devices", self.num_devices, low=0, integer=True)
+        number("rollout.sync_every", self.sync_every, low=1, integer=True)
+        number("rollout.max_policy_lag", self.max_policy_lag, low=0, integer=True)
+        for key in ("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens"):
+            positive(f"rollout.{key}", getattr(self, key))
+        require(
+            self.group_size >= 2,
+            f"rollout.group_size={self.group_size}: group advantages compare completions "
+            "of one prompt, so a group needs >= 2 (with 1 every advantage is 0)",
+        )
+        require(
+            self.temperature > 0,
+            f"rollout.temperature={self.temperature}: must be > 0 (at 0 the G "
+            "completions of a prompt are the same greedy one and every advantage is 0)",
+        )
+        number("rollout.temperature", self.temperature, low=0, low_open=True)
+        number("rollout.top_k", self.top_k, low=0, integer=True)
+        number("rollout.top_p", self.top_p, low=0, low_open=True, high=1)
+        for key in ("dtype", "cache_dtype"):
+            if getattr(self, key):
+                one_of(f"rollout.{key}", getattr(self, key), tuple(model_lib.DTYPES))
+        number("rollout.top_p_candidates", self.top_p_candidates, low=1, integer=True)
+
+    @property
+    def rollouts(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def numerics(self) -> dict[str, Any]:
+        """The decoding weights' and KV cache's dtypes (None: the model's compute dtype)."""
+        return dict(dtype=self.dtype or None, cache_dtype=self.cache_dtype or None)
+
+    def sampler_kwargs(self) -> dict[str, Any]:
+        """make_sampler's sampling, length and numerics arguments (not its mesh)."""
+        return dict(
+            max_prompt_len=self.max_prompt_len,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            top_p_candidates=self.top_p_candidates,
+            **self.numerics(),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    """The learner's batch B and its memory settings."""
+
+    batch_size: int
+    num_microbatches: int
+    logits_chunk_size: int
+    max_steps_per_generation: int
+
+    def __post_init__(self):
+        positive("train.batch_size", self.batch_size)
+        number("train.max_steps_per_generation", self.max_steps_per_generation, low=1, integer=True)
+        number("train.num_microbatches", self.num_microbatches, low=1, integer=True)
+        number("train.logits_chunk_size", self.logits_chunk_size, low=0, integer=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSection:
+    """Adam(W) with clipping and a schedule (its length is RunSpec.total_steps)."""
+
+    learning_rate: float
+    schedule: str
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+    b1: float
+    b2: float
+    state_dtype: str
+
+    def __post_init__(self):
+        number("optimizer.learning_rate", self.learning_rate, low=0, low_open=True)
+        for key in ("b1", "b2"):
+            number(f"optimizer.{key}", getattr(self, key), low=0, high=1, high_open=True)
+        number("optimizer.weight_decay", self.weight_decay, low=0)
+        number("optimizer.grad_clip", self.grad_clip, low=0)
+        number("optimizer.warmup_steps", self.warmup_steps, low=0, integer=True)
+        one_of("optimizer.schedule", self.schedule, train_step_lib.SCHEDULES)
+        one_of("optimizer.state_dtype", self.state_dtype, train_step_lib.STATE_DTYPES)
+
+    def config(self, total_steps: int) -> train_step_lib.OptimizerConfig:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return train_step_lib.OptimizerConfig(total_steps=total_steps, **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySection:
+    """The replay store (capacity N, sampling strategy, limits) and auto mode's settings."""
+
+    mode: str
+    capacity: int
+    strategy: str
+    sample_mode: str
+    delta: float
+    recency_tau: float
+    priority_alpha: float
+    priority_beta: float
+    max_age: int
+    max_reuse: int
+    drop_zero_advantage: bool
+    mu: float
+    auto_every: int
+    auto_max_y: float
+    auto_design: str
+
+    def __post_init__(self):
+        positive("replay.capacity", self.capacity)
+        number("replay.delta", self.delta, low=0, high=1)
+        for key in ("max_age", "max_reuse"):
+            number(f"replay.{key}", getattr(self, key), low=0, integer=True)
+        number("replay.mu", self.mu, low=0)
+        one_of("replay.strategy", self.strategy, replay_lib.STRATEGIES)
+        one_of("replay.sample_mode", self.sample_mode, replay_lib.SAMPLE_MODES)
+        one_of("replay.mode", self.mode, sections.REPLAY_MODES)
+        if self.mode == "auto":
+            positive("replay.auto_every", self.auto_every)
+            one_of("replay.auto_design", self.auto_design, tuple(auto_replay.DESIGNS))
+
+    def buffer_kwargs(self) -> dict[str, Any]:
+        """make_replay_buffer's arguments, less num_shards (set by the mesh)."""
+        return dict(
+            capacity=self.capacity,
+            strategy=self.strategy,
+            sample_mode=self.sample_mode,
+            delta=self.delta,
+            recency_tau=self.recency_tau,
+            priority_alpha=self.priority_alpha,
+            priority_beta=self.priority_beta,
+            max_age=self.max_age or None,
+            max_reuse=self.max_reuse or None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSection:
+    """The objective on (possibly stale) rollouts and how advantages are normalised."""
+
+    name: str
+    epsilon_low: float
+    epsilon_high: float
+    dual_clip: float
+    rho_max: float
+    asymre_delta_v: float
+    m2po_tau: float
+    kl_coef: float
+    entropy_coef: float
+    aggregation: str
+    normalize_std: bool
+    positive_weight: float
+    cov_cut_frac: float
+    clip_cov_ratio: float
+    clip_cov_low: float
+    clip_cov_high: float
+    kl_cov_frac: float
+    kl_cov_coef: float
+
+    def __post_init__(self):
+        number("loss.epsilon_low", self.epsilon_low, low=0, high=1, high_open=True)
+        for key in ("epsilon_high", "dual_clip", "kl_coef"):
+            number(f"loss.{key}", getattr(self, key), low=0)
+        number("loss.rho_max", self.rho_max, low=0, low_open=True)
+        number("loss.entropy_coef", self.entropy_coef)
+        number("loss.positive_weight", self.positive_weight, low=0, low_open=True)
+        number("loss.cov_cut_frac", self.cov_cut_frac, low=0, high=1, high_open=True)
+        number("loss.clip_cov_ratio", self.clip_cov_ratio, low=0, high=1)
+        number("loss.clip_cov_low", self.clip_cov_low)
+        number("loss.clip_cov_high", self.clip_cov_high)
+        require(
+            self.clip_cov_low < self.clip_cov_high,
+            f"loss.clip_cov_low={self.clip_cov_low!r} with loss.clip_cov_high="
+            f"{self.clip_cov_high!r}: the band of covariances Clip-Cov draws from needs "
+            "low < high",
+        )
+        number("loss.kl_cov_frac", self.kl_cov_frac, low=0, high=1)
+        number("loss.kl_cov_coef", self.kl_cov_coef, low=0)
+        on = [f"loss.{k}" for k in objectives.COVARIANCE_OPTIONS if getattr(self, k)]
+        require(
+            len(on) <= 1,
+            f"{' and '.join(f'{k}={getattr(self, k[5:])!r}' for k in on)}: at most one "
+            "covariance option is on (set the others to 0)",
+        )
+        one_of("loss.name", self.name, objectives.LOSSES)
+        one_of("loss.aggregation", self.aggregation, objectives.AGGREGATIONS)
+        sections.library_check(self.config)
+
+    def config(self) -> objectives.LossConfig:
+        return objectives.LossConfig(
+            name=self.name,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            dual_clip=self.dual_clip or None,
+            rho_max=self.rho_max,
+            delta_v=self.asymre_delta_v,
+            m2po_tau=self.m2po_tau,
+            kl_coef=self.kl_coef,
+            entropy_coef=self.entropy_coef,
+            aggregation=self.aggregation,
+            positive_weight=self.positive_weight,
+            cov_cut_frac=self.cov_cut_frac,
+            clip_cov_ratio=self.clip_cov_ratio,
+            clip_cov_low=self.clip_cov_low,
+            clip_cov_high=self.clip_cov_high,
+            kl_cov_frac=self.kl_cov_frac,
+            kl_cov_coef=self.kl_cov_coef,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """Held-out evaluation: greedy pass@1 on num_prompts, pass@k on pass_k_prompts, and
+    the first num_samples prompts' greedy completions written to samples.jsonl."""
+
+    every: int
+    num_prompts: int
+    pass_k: int
+    pass_k_prompts: int
+    num_samples: int
+    # Rows decoded per call (0: all of a kind at once): bounds evaluation's KV cache.
+    max_rows: int = 0
+
+    def __post_init__(self):
+        positive("eval.every", self.every, allow_zero=True)
+        positive("eval.num_prompts", self.num_prompts)
+        for key in ("pass_k", "pass_k_prompts", "num_samples", "max_rows"):
+            number(f"eval.{key}", getattr(self, key), low=0, integer=True)
+        if self.max_rows and self.num_prompts > self.max_rows:
+            require(
+                self.num_prompts % self.max_rows == 0,
+                f"eval.max_rows={self.max_rows}: must divide eval.num_prompts="
+                f"{self.num_prompts} (0: decode all rows at once)",
+            )
+        prompts = min(self.pass_k_prompts, self.num_prompts)
+        if self.max_rows and self.pass_k and prompts * self.pass_k > self.max_rows:
+            per_block = self.max_rows // self.pass_k
+            require(
+                self.max_rows % self.pass_k == 0 and per_block and prompts % per_block == 0,
+                f"eval.max_rows={self.max_rows}: must be a multiple of eval.pass_k="
+                f"{self.pass_k} whose prompts divide eval.pass_k_prompts={prompts} "
+                "(0: decode all rows at once)",
+            )
+
+    def blocks(self, prompts: int, rows_per_prompt: int) -> int:
+        """How many calls decode `prompts` x `rows_per_prompt` rows, at most max_rows each."""
+        if not self.max_rows or prompts * rows_per_prompt <= self.max_rows:
+            return 1
+        return prompts * rows_per_prompt // self.max_rows
+
+    @property
+    def pass_k_rows(self) -> int:
+        """Rows sampled for pass@k: pass_k completions of the first pass_k_prompts."""
+        return min(self.pass_k_prompts, self.num_prompts) * self.pass_k
