@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import optax
 
 from replax import logprobs as logprobs_lib
+from replax import lora, objectives
 from replax import model as model_lib
-from replax import objectives
 from replax.sampling import mask_vocab
 
 
@@ -31,12 +31,15 @@ def make_gradient_fn(
     logits_chunk_size: int = 0,
     num_microbatches: int = 1,
 ):
-    """(params, reference_params, batch) -> (grads, metrics) of the batch's policy loss;
-    the arguments are `train_step.make_train_step`'s (validated there). With
-    num_microbatches > 1 the gradient is accumulated in float32."""
+    """(params, reference_params, batch, frozen=None) -> (grads, metrics) of the batch's
+    policy loss; the arguments are `train_step.make_train_step`'s (validated there). With
+    num_microbatches > 1 the gradient is accumulated in float32. `frozen`: params that
+    complete `params` into the model's (`lora.combine`) and get no gradient: with LoRA
+    `params` are the adapters and `frozen` the base."""
     scale = 1.0 / temperature if temperature > 0 else 1.0
 
-    def logprobs_and_entropy(params, batch):
+    def logprobs_and_entropy(params, batch, frozen=None):
+        params = lora.combine(params, frozen)
         tokens, attn = batch["tokens"], batch["attention_mask"]
         positions = model_lib.positions_from_mask(attn)
         if logits_chunk_size:
@@ -75,25 +78,25 @@ def make_gradient_fn(
             sample_weights=batch["importance_weights"],
         )
 
-    def loss_fn(params, reference_params, batch):
-        logprobs, entropy = logprobs_and_entropy(params, batch)
+    def loss_fn(params, reference_params, batch, frozen):
+        logprobs, entropy = logprobs_and_entropy(params, batch, frozen)
         return batch_loss(logprobs, entropy, reference_logprobs(reference_params, batch), batch)
 
-    def microbatch_loss_fn(params, reference_params, micro, whole_denominator):
+    def microbatch_loss_fn(params, reference_params, micro, whole_denominator, frozen):
         """The microbatch's loss as its share of the whole batch's, and its per-token
         log-probs, entropy and reference log-probs (no gradient) for the metrics."""
-        logprobs, entropy = logprobs_and_entropy(params, micro)
+        logprobs, entropy = logprobs_and_entropy(params, micro, frozen)
         reference = reference_logprobs(reference_params, micro)
         loss, _ = batch_loss(logprobs, entropy, reference, micro)
         share = _loss_denominator(micro["loss_mask"], loss_config.aggregation) / whole_denominator
         per_token = (jax.lax.stop_gradient(logprobs), jax.lax.stop_gradient(entropy), reference)
         return loss * share, per_token
 
-    def gradient(params, reference_params, batch):
+    def gradient(params, reference_params, batch, frozen=None):
         """(grads, metrics) of the loss of the batch, in num_microbatches slices."""
         if num_microbatches == 1:
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, reference_params, batch
+                params, reference_params, batch, frozen
             )
             return grads, metrics
         m, rows = num_microbatches, batch["tokens"].shape[0]
@@ -109,7 +112,7 @@ def make_gradient_fn(
 
         def accumulate(grads, micro):
             micro_grads, per_token = jax.grad(microbatch_loss_fn, has_aux=True)(
-                params, reference_params, micro, whole_denominator
+                params, reference_params, micro, whole_denominator, frozen
             )
             grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads, micro_grads)
             return grads, per_token

@@ -23,7 +23,7 @@ import tensorflow_datasets as tfds
 
 from replax import configuration as cfg
 from replax import data as data_lib
-from replax import evaluation, placement, rollouts, schedules, sections, sharding
+from replax import evaluation, lora, placement, rollouts, schedules, sections, sharding
 from replax import model as model_lib
 from replax import replay as replay_lib
 from replax import sampler as sampler_lib
@@ -280,8 +280,13 @@ def _kept(run: Run, split: str, source):
 def _warm_start(run: Run, data: Data, log, stop=None):
     c = run.spec
     # What the base depends on (not where it or the data are stored).
+    # The warm start trains the whole base; LoRA's adapters start on it afterwards, so the
+    # LoRA keys are neither in its model nor in its cache key.
+    base_config = lora.base_config(run.model_config)
     key = warmstart_lib.cache_key(
-        model=dataclasses.asdict(run.model_config),
+        model={
+            k: v for k, v in dataclasses.asdict(base_config).items() if k not in sections.LORA_KEYS
+        },
         # long_prompts='error' leaves the pool as it was: bases cached before the setting
         # existed stay valid.
         task={
@@ -294,7 +299,7 @@ def _warm_start(run: Run, data: Data, log, stop=None):
         rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
     )
     params, info = warmstart_lib.warm_start(
-        model=run.model,
+        model=model_lib.Transformer(base_config),
         config=c.warmstart.config(),
         tokenizer=run.tokenizer,
         task=run.task,
