@@ -179,6 +179,15 @@ class Sampler:
         cast = lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
         return jax.tree_util.tree_map(cast, params)
 
+    @property
+    def params_shardings(self):
+        """The decode loop's shardings of the params (None without a mesh)."""
+        return self._params_shardings
+
+    def cast_params(self, params):
+        """params (any subtree of the model's) in the sampler's dtype, where they are."""
+        return self._cast(params)
+
     def prepare_params(self, params):
         """The params as the decode loop reads them: in the sampler's dtype and layout.
         One jitted cast-and-reshard; nothing at all when they already are."""
