@@ -276,3 +276,73 @@ def test_the_fingerprint_tells_bases_apart_and_ignores_the_adapters():
     fa = lora.fingerprint_of_params(a, "x")
     assert fa == lora.fingerprint_of_params(lora.without_adapters(a), "x")
     assert fa["sha256"] != lora.fingerprint_of_params(b, "x")["sha256"]
+
+
+# RUNS (scripts/train.py on configs/arith.py, tiny)
+
+
+def _model_config(workdir):
+    import json
+    import os
+
+    from replax import spec as spec_lib
+
+    with open(os.path.join(workdir, "config.json")) as f:
+        return spec_lib.parse(json.load(f)).model.config()
+
+
+def test_a_disjoint_lora_run_syncs_only_the_adapters(tmp_path):
+    from test_trainer import read, run_train
+
+    workdir = str(tmp_path / "run")
+    proc = run_train(
+        workdir,
+        "--config.model.lora_rank=4",
+        "--config.loss.kl_coef=0.05",
+        "--config.rollout.placement=disjoint",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read(workdir)
+    params = init(_model_config(workdir))
+    whole = sum(x.nbytes for x in jax.tree.leaves(params))
+    # The base went to the sampler once, before the first record (generations 0 and 1 both
+    # start at step 0); every sync since moved the adapters alone.
+    assert {r["sync_bytes"] for r in records} == {lora.adapter_bytes(params)}
+    assert lora.adapter_bytes(params) < whole / 2
+    assert all(np.isfinite(r["kl"]) for r in records)
+
+
+def test_a_changed_base_refuses_to_resume_in_one_line(tmp_path):
+    from test_trainer import run_train
+
+    from replax import hf
+
+    base_dir, workdir = str(tmp_path / "base"), str(tmp_path / "run")
+    # configs/arith.py's byte vocabulary and max_len at test_trainer.MICRO's shape.
+    config = model_lib.ModelConfig(
+        vocab_size=264,
+        num_layers=1,
+        d_model=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        mlp_dim=64,
+        max_len=32,
+    )
+    hf.save_pretrained(base_dir, config, init(config, seed=1))
+    args = (
+        "--config.model.init=checkpoint",
+        f"--config.model.checkpoint={base_dir}",
+        "--config.model.lora_rank=2",
+        "--config.checkpoint_every=2",
+    )
+    proc = run_train(workdir, *args, "--config.total_steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The same base resumes; another one written in its place does not.
+    proc = run_train(workdir, *args, "--config.total_steps=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hf.save_pretrained(base_dir, config, init(config, seed=2))
+    proc = run_train(workdir, *args, "--config.total_steps=4")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert "adapters belong to" in lines[-1] and "model.checkpoint=" in lines[-1], lines[-3:]
