@@ -208,17 +208,24 @@ class DisjointRollouts:
         single = all(
             x.is_fully_addressable for x in jax.tree.leaves(params) if isinstance(x, jax.Array)
         )
-        if not lora_on or self._sampler_base is None or not single:
+        self.sync_bytes = _tree_bytes(params)
+        if not lora_on or not single:
+            return sampler.prepare_params(params)
+        if self._sampler_base is None:
+            if sampler.merges_adapters:  # the base kept as it is, merged at each sync
+                params = jax.device_put(params, sampler.params_shardings)
+                self._sampler_base = lora.partition(params, True)[1]
+                return sampler.prepare_params(params)
             prepared = sampler.prepare_params(params)
-            self.sync_bytes = _tree_bytes(params)
-            if lora_on and single:
-                self._sampler_base = lora.partition(prepared, True)[1]
+            self._sampler_base = lora.partition(prepared, True)[1]
             return prepared
         adapters = lora.partition(params, True)[0]
         targets = lora.partition(sampler.params_shardings, True)[0]
         self.sync_bytes = _tree_bytes(adapters)
-        moved = sampler.cast_params(jax.device_put(adapters, targets))
-        return lora.combine(moved, self._sampler_base)
+        moved = jax.device_put(adapters, targets)
+        if sampler.merges_adapters:
+            return sampler.prepare_params(lora.combine(moved, self._sampler_base))
+        return lora.combine(sampler.cast_params(moved), self._sampler_base)
 
     def _take(self, g):
         taken = self._finished(g)

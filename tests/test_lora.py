@@ -152,6 +152,30 @@ def test_the_sampler_draws_the_bases_tokens_and_logprobs_at_init():
     np.testing.assert_array_equal(got.logprobs, want.logprobs)
 
 
+def test_a_sampler_with_a_decode_dtype_merges_the_adapters():
+    """Exact at init either way; trained adapters merged decode as applied ones do."""
+    settings = dict(max_prompt_len=4, max_new_tokens=6, stop_ids=(31,), pad_id=0)
+    merging = sampler_lib.make_sampler(LORA, dtype="float32", **settings)
+    applying = sampler_lib.make_sampler(LORA, **settings)
+    assert merging.merges_adapters and not applying.merges_adapters
+    ids = jnp.asarray([[0, 5, 6, 7], [1, 2, 3, 4]], jnp.int32)
+    key = jax.random.key(3)
+    params = init(LORA)
+    base = sampler_lib.make_sampler(BASE, **settings).generate(
+        lora.without_adapters(params), ids, ids > 0, key
+    )
+    at_init = merging.generate(params, ids, ids > 0, key)
+    np.testing.assert_array_equal(at_init.logprobs, base.logprobs)
+    trained = jax.tree_util.tree_map_with_path(
+        lambda p, x: x + 0.05 if "lora_b" in jax.tree_util.keystr(p) else x, params
+    )
+    merged = merging.generate(trained, ids, ids > 0, key)
+    applied = applying.generate(trained, ids, ids > 0, key)
+    np.testing.assert_array_equal(merged.tokens, applied.tokens)
+    np.testing.assert_allclose(merged.logprobs, applied.logprobs, atol=1e-5)
+    assert np.abs(merged.logprobs - base.logprobs).max() > 1e-3  # the adapters count
+
+
 # MERGING
 
 
@@ -291,7 +315,9 @@ def _model_config(workdir):
         return spec_lib.parse(json.load(f)).model.config()
 
 
-def test_a_disjoint_lora_run_syncs_only_the_adapters(tmp_path):
+# Without a decode dtype the sampler applies the adapters; with one it merges them.
+@pytest.mark.parametrize("decode_dtype", ["", "float32"])
+def test_a_disjoint_lora_run_syncs_only_the_adapters(tmp_path, decode_dtype):
     from test_trainer import read, run_train
 
     workdir = str(tmp_path / "run")
@@ -300,6 +326,7 @@ def test_a_disjoint_lora_run_syncs_only_the_adapters(tmp_path):
         "--config.model.lora_rank=4",
         "--config.loss.kl_coef=0.05",
         "--config.rollout.placement=disjoint",
+        f"--config.rollout.dtype={decode_dtype}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read(workdir)
