@@ -339,6 +339,42 @@ def test_a_disjoint_lora_run_syncs_only_the_adapters(tmp_path, decode_dtype):
     assert all(np.isfinite(r["kl"]) for r in records)
 
 
+def _check_exports(workdir, tmp_path, base_dir):
+    """scripts/export.py on a LoRA run: a PEFT adapter, and merged weights whose model
+    (no adapters) gives the run's adapted logits."""
+    import json
+    import subprocess
+    import sys
+
+    from test_trainer import ROOT
+
+    from replax import checkpoint, hf
+    from replax import run as run_lib
+    from replax import spec as spec_lib
+
+    adapter, merged = str(tmp_path / "adapter"), str(tmp_path / "merged")
+    for out, extra in ((adapter, ["--adapter_only"]), (merged, [])):
+        cmd = [sys.executable, "scripts/export.py", f"--workdir={workdir}", f"--out={out}"]
+        proc = subprocess.run(cmd + extra, cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(f"{adapter}/adapter_config.json") as f:
+        saved = json.load(f)
+    assert saved["r"] == 2 and saved["base_model_name_or_path"] == base_dir
+    with open(f"{workdir}/config.json") as f:
+        run = run_lib.build(spec_lib.parse(json.load(f)), workdir)
+    reader = checkpoint.Checkpointer(f"{workdir}/checkpoints")
+    state = reader.restore_train_state(2, train_state=run_lib.abstract_states(run)[0])
+    reader.close()
+    config, params = hf.load_pretrained(merged, max_len=run.model_config.max_len)
+    assert config.lora_rank == 0 and not lora.has_adapters(params)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 12)), jnp.int32)
+    np.testing.assert_allclose(
+        logits(config, params, tokens),
+        logits(run.model_config, jax.device_get(state.params), tokens),
+        atol=1e-5,
+    )
+
+
 def test_a_changed_base_refuses_to_resume_in_one_line(tmp_path):
     from test_trainer import run_train
 
@@ -365,6 +401,7 @@ def test_a_changed_base_refuses_to_resume_in_one_line(tmp_path):
     )
     proc = run_train(workdir, *args, "--config.total_steps=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_exports(workdir, tmp_path, base_dir)
     # The same base resumes; another one written in its place does not.
     proc = run_train(workdir, *args, "--config.total_steps=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
