@@ -173,6 +173,11 @@ def _model_section(model: Model, *, max_len: int) -> ml_collections.ConfigDict:
     # 'dot_product' (jax.nn.dot_product_attention), 'splash' (the Pallas TPU kernel: set it
     # on TPU) or 'einsum' (the reference).
     m.attention = "dot_product"
+    # LoRA (docs/lora.md): adapters of this rank train, the base stays frozen; 0 trains
+    # every weight. lora_targets: comma-separated among q, k, v, o, gate, up, down.
+    m.lora_rank = 0
+    m.lora_alpha = 16.0
+    m.lora_targets = "q,k,v,o,gate,up,down"
     # Start from the weights of model.checkpoint, a local Hugging Face directory
     # (config.json, *.safetensors, tokenizer files): a snapshot of the model's Hub
     # repository (MODELS[name].repo), passed with --config.model.checkpoint=DIR.

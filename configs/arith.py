@@ -63,6 +63,11 @@ def get_config(arg=None):
     c.model.scan_layers = False
     c.model.remat_policy = "none"
     c.model.attention = "einsum"
+    # LoRA (docs/lora.md): adapters of this rank train, the base stays frozen; 0 trains
+    # every weight. lora_targets: comma-separated among q, k, v, o, gate, up, down.
+    c.model.lora_rank = 0
+    c.model.lora_alpha = 16.0
+    c.model.lora_targets = "q,k,v,o,gate,up,down"
     # The starting policy: 'warmstart' (supervised, below), 'random', or 'checkpoint'
     # (the weights of model.checkpoint, a local Hugging Face directory).
     c.model.init = "warmstart"

@@ -1,6 +1,6 @@
 r"""Exports a run's policy as a Hugging Face directory.
 
-  python scripts/export.py --workdir=runs/gsm8k --out=/tmp/qwen-gsm8k [--step=N]
+  python scripts/export.py --workdir=runs/gsm8k --out=/tmp/qwen-gsm8k [--step=N] [--adapter_only]
 
 Reads the configuration the run started with (WORKDIR/config.json) and the params of its
 latest sealed checkpoint whose files match their checksums (or of step N, which must be
@@ -8,6 +8,11 @@ one), and writes config.json, model*.safetensors,
 generation_config.json (every stop id) and, for a run with a Hugging Face tokenizer, its
 tokenizer files: a directory that transformers' AutoModelForCausalLM and AutoTokenizer
 load. A run with the byte-level tokenizer exports the model alone.
+
+A LoRA run (model.lora_rank > 0) exports its adapters merged into the base weights (the
+same directory layout, no adapters left), or with --adapter_only a PEFT adapter
+(adapter_config.json, adapter_model.safetensors) that `peft.PeftModel.from_pretrained`
+puts on the base model (model.checkpoint); docs/lora.md.
 
 A workdir without config.json or checkpoints, or a missing step: exit 2, one line. So is
 an install without the `hf` extra (safetensors), before anything is read or written.
@@ -24,6 +29,9 @@ from absl import app, flags, logging  # noqa: E402
 _WORKDIR = flags.DEFINE_string("workdir", None, "A run's directory.", required=True)
 _OUT = flags.DEFINE_string("out", None, "The directory to write.", required=True)
 _STEP = flags.DEFINE_integer("step", None, "The checkpoint step (default: the latest).")
+_ADAPTER_ONLY = flags.DEFINE_bool(
+    "adapter_only", False, "A LoRA run: write its adapters as a PEFT adapter directory."
+)
 
 
 def _fail(message: str) -> None:
@@ -40,8 +48,10 @@ def main(argv):
         _fail("export writes safetensors, which is not installed: pip install -e '.[hf]'")
     from replax.config import spec as spec_lib
     from replax.core.config_utils import ConfigError
+    from replax.hf import adapters
     from replax.hf import checkpoint as hf
     from replax.hf import config as hf_config
+    from replax.model import lora
     from replax.run import assemble as run_lib
     from replax.run import checkpoint
 
@@ -67,6 +77,15 @@ def main(argv):
         _fail(str(e))
     finally:
         reader.close()
+    config = run.model_config
+    if _ADAPTER_ONLY.value:
+        if not lora.enabled(config):
+            _fail(f"--adapter_only: the run at {workdir} has no adapters (model.lora_rank=0)")
+        written = adapters.save_peft(_OUT.value, params, config, base_model=spec.model.checkpoint)
+        print(f"step {step} of {workdir} -> {_OUT.value} (PEFT adapter: {', '.join(written)})")
+        return
+    if lora.enabled(config):  # the adapters folded into the weights they adapt
+        params, config = lora.merged(params, config), lora.base_config(config)
     tokenizer_dir = None
     if spec.tokenizer.name == "hf":
         tokenizer_dir = spec.tokenizer.path or spec.model.checkpoint
@@ -74,7 +93,7 @@ def main(argv):
             tokenizer_dir = os.path.dirname(tokenizer_dir)
     written = hf.save_pretrained(
         _OUT.value,
-        run.model_config,
+        config,
         params,
         tokenizer_dir=tokenizer_dir,
         generation=hf_config.generation_config(run.tokenizer),

@@ -49,6 +49,9 @@ ADDED_KEYS = {
     "eval.max_rows": 0,
     "log.wandb": False,
     "log.wandb_mode": "offline",
+    "model.lora_rank": 0,
+    "model.lora_alpha": 16.0,
+    "model.lora_targets": "q,k,v,o,gate,up,down",
 }
 
 

@@ -33,7 +33,11 @@ CHECKPOINT_OVERRIDES = (
     "scan_layers",
     "remat_policy",
     "attention",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
 )
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_targets")
 INITS = ("random", "warmstart", "checkpoint")
 TOKENIZERS = ("byte", "hf")
 # What a prompt longer than rollout.max_prompt_len does: stop the run before any compute,
@@ -101,6 +105,9 @@ class ModelSection:
         for key in ("dtype", "param_dtype"):
             if key in self.architecture:
                 one_of(f"model.{key}", self.architecture[key], tuple(model_lib.DTYPES))
+        # The LoRA keys check themselves with a checkpoint too, before anything is read.
+        lora_keys = {k: self.architecture[k] for k in LORA_KEYS if k in self.architecture}
+        library_check(lambda: model_lib.ModelConfig(**lora_keys))
         if not self.checkpoint:  # the architecture is the model.* keys: it checks itself
             self.config()
 

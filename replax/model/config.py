@@ -26,6 +26,10 @@ REMAT_POLICIES = {
     "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
+# The projections LoRA may adapt (model.lora_targets): attention q, k, v, o and MLP gate,
+# up, down.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -65,8 +69,15 @@ class ModelConfig:
     remat_policy: str = "none"
     # Full-forward attention kernel: 'einsum', 'dot_product' or 'splash' (TPU only).
     attention: str = "einsum"
+    # LoRA (replax.model.lora): each projection in lora_targets gains x A B * lora_alpha /
+    # lora_rank, A [in, rank] and B [rank, out] trained, the base weights frozen.
+    # 0: no adapters. lora_targets: a tuple or a comma-separated string of LORA_TARGETS.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self):
+        self._check_lora()
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(
                 f"model.remat_policy={self.remat_policy!r}: allowed are {list(REMAT_POLICIES)}"
@@ -118,6 +129,35 @@ class ModelConfig:
                 f"model.num_kv_heads={self.num_kv_heads} must divide "
                 f"model.num_heads={self.num_heads}"
             )
+
+    def _check_lora(self):
+        targets = self.lora_targets
+        if isinstance(targets, str):
+            targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+        try:
+            targets = tuple(targets)
+        except TypeError:
+            targets = (targets,)
+        bad = [t for t in targets if t not in LORA_TARGETS]
+        if bad or not targets or len(set(targets)) != len(targets):
+            raise ValueError(
+                f"model.lora_targets={self.lora_targets!r}: allowed are distinct names "
+                f"among {list(LORA_TARGETS)}, at least one"
+            )
+        # Kept in LORA_TARGETS' order: the params and the PEFT export do not depend on how
+        # the list was written.
+        object.__setattr__(self, "lora_targets", tuple(t for t in LORA_TARGETS if t in targets))
+        rank = self.lora_rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"model.lora_rank={rank!r}: allowed are an integer >= 0 (0: LoRA off)")
+        alpha = self.lora_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+            raise ValueError(f"model.lora_alpha={alpha!r}: allowed is a number > 0")
+
+    @property
+    def lora_scale(self) -> float:
+        """The adapters' factor on x A B (PEFT's scaling, lora_alpha / r)."""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     @property
     def jnp_dtype(self):

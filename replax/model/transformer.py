@@ -36,6 +36,7 @@ from replax.model.attention import check_attention_backend as check_attention_ba
 from replax.model.attention import rope_inv_freq as rope_inv_freq
 from replax.model.attention import rotary as rotary
 from replax.model.config import DTYPES as DTYPES
+from replax.model.config import LORA_TARGETS as LORA_TARGETS
 from replax.model.config import REMAT_POLICIES as REMAT_POLICIES
 from replax.model.config import ROPE_TYPES as ROPE_TYPES
 from replax.model.config import ModelConfig as ModelConfig
@@ -73,6 +74,40 @@ def dense(x, w, in_dims: int = 1):
     k = math.prod(contracted)
     y = x.reshape(-1, k) @ w.reshape(k, -1)
     return y.reshape(*lead, *w.shape[in_dims:])
+
+
+def project(module: nn.Module, name: str, x, w, in_axes, out_axes, config: ModelConfig):
+    """x times the projection w [*in, *out] (`dense`), plus its LoRA adapter's
+    x A B * lora_alpha / lora_rank when `name` is in model.lora_targets.
+
+    A [*in, rank] starts random and B [rank, *out] at zero, so the adapted projection equals
+    the base one exactly until B moves. They carry w's logical axes on the matching
+    dimensions (so they shard with the layer they adapt) and none on the rank, which is
+    replicated. Params without the adapters (`replax.model.lora.without_adapters`) give the base
+    model: the KL reference, with no copy of its weights."""
+    in_dims = len(in_axes)
+    out = dense(x, w.astype(config.jnp_dtype), in_dims=in_dims)
+    if not config.lora_rank or name not in config.lora_targets:
+        return out
+    a_name, b_name = f"{name}_lora_a", f"{name}_lora_b"
+    if not module.is_initializing() and not module.has_variable("params", a_name):
+        return out  # adapters off
+    in_shape, out_shape = w.shape[:in_dims], w.shape[in_dims:]
+    rank = config.lora_rank
+    fan_in = math.prod(in_shape)
+    a = _weight(
+        module,
+        a_name,
+        nn.initializers.normal(stddev=fan_in**-0.5),
+        (*in_shape, rank),
+        (*in_axes, None),
+        config,
+    )
+    b = _weight(
+        module, b_name, nn.initializers.zeros, (rank, *out_shape), (None, *out_axes), config
+    )
+    delta = dense(dense(x, a, in_dims=in_dims), b)  # [..., rank] -> [..., *out]
+    return out + delta * jnp.asarray(config.lora_scale, delta.dtype)
 
 
 def constrain(x, axes):
@@ -120,9 +155,9 @@ class Attention(nn.Module):
             cfg,
         )
         dt = cfg.jnp_dtype
-        q = dense(x, wq.astype(dt))  # [B, T, H, D]
-        k = dense(x, wk.astype(dt))  # [B, T, KV, D]
-        v = dense(x, wv.astype(dt))
+        q = project(self, "q", x, wq, ("embed",), ("heads", "head_dim"), cfg)  # [B, T, H, D]
+        k = project(self, "k", x, wk, ("embed",), ("kv_heads", "head_dim"), cfg)  # [B, T, KV, D]
+        v = project(self, "v", x, wv, ("embed",), ("kv_heads", "head_dim"), cfg)
         if cfg.qkv_bias:
             zeros = nn.initializers.zeros
             q = q + _param(self, "q_bias", zeros, (h, d), ("heads", "head_dim"), cfg).astype(dt)
@@ -164,7 +199,7 @@ class Attention(nn.Module):
             out = attention.einsum_attention(q, k, v, attn_mask)  # [B, T, H, D]
         else:
             out = attention.dot_product_attention(q, k, v, attn_mask)
-        out = dense(out, wo.astype(dt), in_dims=2)  # [B, T, E]
+        out = project(self, "o", out, wo, ("heads", "head_dim"), ("embed",), cfg)  # [B, T, E]
         return out, new_cache
 
 
@@ -211,10 +246,12 @@ class MLP(nn.Module):
             ("mlp", "embed"),
             cfg,
         )
-        dt = cfg.jnp_dtype
-        hidden = swiglu(dense(x, gate.astype(dt)), dense(x, up.astype(dt)))
+        hidden = swiglu(
+            project(self, "gate", x, gate, ("embed",), ("mlp",), cfg),
+            project(self, "up", x, up, ("embed",), ("mlp",), cfg),
+        )
         hidden = constrain(hidden, ("batch", "length", "mlp"))
-        return dense(hidden, down.astype(dt))
+        return project(self, "down", hidden, down, ("mlp",), ("embed",), cfg)
 
 
 class Block(nn.Module):

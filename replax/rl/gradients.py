@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from replax.model import logprobs as logprobs_lib
+from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.model.logprobs import mask_vocab
 from replax.rl import objectives
@@ -31,15 +32,18 @@ def make_gradient_fn(
     logits_chunk_size: int = 0,
     num_microbatches: int = 1,
 ):
-    """(params, reference_params, batch, covariance_key=None) -> (grads, metrics) of the
-    batch's policy loss; the arguments are `train_step.make_train_step`'s (validated
-    there), covariance_key the PRNG key of loss.clip_cov_ratio's draw. With
+    """(params, reference_params, batch, covariance_key=None, frozen=None) -> (grads,
+    metrics) of the batch's policy loss; the arguments are `train_step.make_train_step`'s
+    (validated there), covariance_key the PRNG key of loss.clip_cov_ratio's draw. With
     num_microbatches > 1 the gradient is accumulated in float32, and with a covariance
     option on (objectives.LossConfig) a forward pass over the microbatches first gives the
-    whole batch's log-probs, so that its tokens are chosen as in one pass."""
+    whole batch's log-probs, so that its tokens are chosen as in one pass. `frozen`: params
+    that complete `params` into the model's (`lora.combine`) and get no gradient: with LoRA
+    `params` are the adapters and `frozen` the base."""
     scale = 1.0 / temperature if temperature > 0 else 1.0
 
-    def logprobs_and_entropy(params, batch):
+    def logprobs_and_entropy(params, batch, frozen=None):
+        params = lora.combine(params, frozen)
         tokens, attn = batch["tokens"], batch["attention_mask"]
         positions = model_lib.positions_from_mask(attn)
         if logits_chunk_size:
@@ -80,26 +84,26 @@ def make_gradient_fn(
             covariance_selected=batch.get("covariance_selected"),
         )
 
-    def loss_fn(params, reference_params, batch, covariance_key):
-        logprobs, entropy = logprobs_and_entropy(params, batch)
+    def loss_fn(params, reference_params, batch, covariance_key, frozen):
+        logprobs, entropy = logprobs_and_entropy(params, batch, frozen)
         reference = reference_logprobs(reference_params, batch)
         return batch_loss(logprobs, entropy, reference, batch, covariance_key)
 
-    def microbatch_loss_fn(params, reference_params, micro, whole_denominator):
+    def microbatch_loss_fn(params, reference_params, micro, whole_denominator, frozen):
         """The microbatch's loss as its share of the whole batch's, and its per-token
         log-probs, entropy and reference log-probs (no gradient) for the metrics."""
-        logprobs, entropy = logprobs_and_entropy(params, micro)
+        logprobs, entropy = logprobs_and_entropy(params, micro, frozen)
         reference = reference_logprobs(reference_params, micro)
         loss, _ = batch_loss(logprobs, entropy, reference, micro)
         share = _loss_denominator(micro["loss_mask"], loss_config.aggregation) / whole_denominator
         per_token = (jax.lax.stop_gradient(logprobs), jax.lax.stop_gradient(entropy), reference)
         return loss * share, per_token
 
-    def gradient(params, reference_params, batch, covariance_key=None):
+    def gradient(params, reference_params, batch, covariance_key=None, frozen=None):
         """(grads, metrics) of the loss of the batch, in num_microbatches slices."""
         if num_microbatches == 1:
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, reference_params, batch, covariance_key
+                params, reference_params, batch, covariance_key, frozen
             )
             return grads, metrics
         m, rows = num_microbatches, batch["tokens"].shape[0]
@@ -116,7 +120,9 @@ def make_gradient_fn(
             # The tokens are ranked over the whole batch: its log-probs first, no gradient.
             logprobs = merge(
                 jax.lax.map(
-                    lambda micro: jax.lax.stop_gradient(logprobs_and_entropy(params, micro)[0]),
+                    lambda micro: jax.lax.stop_gradient(
+                        logprobs_and_entropy(params, micro, frozen)[0]
+                    ),
                     jax.tree.map(split, batch),
                 )
             )  # [B, L]
@@ -127,7 +133,7 @@ def make_gradient_fn(
 
         def accumulate(grads, micro):
             micro_grads, per_token = jax.grad(microbatch_loss_fn, has_aux=True)(
-                params, reference_params, micro, whole_denominator
+                params, reference_params, micro, whole_denominator, frozen
             )
             grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads, micro_grads)
             return grads, per_token

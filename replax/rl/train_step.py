@@ -33,6 +33,7 @@ import numpy as np
 import optax
 
 from replax.core import sharding
+from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.rl import gradients, objectives
 
@@ -120,21 +121,28 @@ class TrainState:
     step: jax.Array  # int32[]
     params: Any
     opt_state: Any
-    # Frozen reference policy for the KL penalty; None when loss.kl_coef == 0.
+    # Frozen reference policy for the KL penalty; None when loss.kl_coef == 0, and with
+    # LoRA, whose reference is params without the adapters (no second copy).
     reference_params: Any = None
 
 
+def _lora_on(model: nn.Module) -> bool:
+    return lora.enabled(model.config)
+
+
 def _init_fn(model: nn.Module, optimizer, with_reference: bool):
-    """rng -> a fresh TrainState with boxed (logically annotated) params."""
+    """rng -> a fresh TrainState with boxed (logically annotated) params. With LoRA the
+    optimizer state covers the adapters alone."""
     dummy = jnp.zeros((1, 8), jnp.int32)
+    lora_on = _lora_on(model)
 
     def init(rng):
         boxed = model.init(rng, dummy, dummy)["params"]
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=boxed,
-            opt_state=optimizer.init(boxed),
-            reference_params=boxed if with_reference else None,
+            opt_state=optimizer.init(lora.partition(boxed, lora_on)[0]),
+            reference_params=boxed if with_reference and not lora_on else None,
         )
 
     return init
@@ -169,17 +177,26 @@ def init_train_state(
     """
     init = _init_fn(model, optimizer, with_reference)
     shardings = train_state_shardings(model, optimizer, mesh, rules, with_reference=with_reference)
+    lora_on = _lora_on(model)
     with sharding.activation_rules(mesh, rules):
         if params is None:
             state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(rng)
         else:
+            if lora_on and not lora.has_adapters(params):
+                # A pretrained base: its adapters start from the seed (B = 0, the base's
+                # function exactly). Only the adapters' init survives the jit.
+                adapters = jax.jit(
+                    lambda r: lora.partition(nn.unbox(init(r)).params, True)[0],
+                    out_shardings=lora.partition(shardings.params, True)[0],
+                )(rng)
+                params = lora.combine(adapters, params)
 
             def from_params(p):
                 return TrainState(
                     step=jnp.zeros((), jnp.int32),
                     params=p,
-                    opt_state=optimizer.init(p),
-                    reference_params=p if with_reference else None,
+                    opt_state=optimizer.init(lora.partition(p, lora_on)[0]),
+                    reference_params=p if with_reference and not lora_on else None,
                 )
 
             state = jax.jit(from_params, out_shardings=shardings)(
@@ -258,27 +275,32 @@ def make_train_step(
         num_microbatches=num_microbatches,
     )
     data_shards = sharding.data_parallel_size(mesh, rules)
+    lora_on = _lora_on(model)
 
     def step(state: TrainState, batch):
         _check_microbatches(batch, num_microbatches, data_shards, half_batch_stats)
-        # LOSS AND GRADIENT. Clip-Cov's draw is fixed by the step number alone, so that a
-        # resumed run (or the same step of another run) draws the same tokens.
+        # LOSS AND GRADIENT, of the adapters alone with LoRA (the base frozen); the KL
+        # reference is then the base, the same weights with the adapters off. Clip-Cov's
+        # draw is fixed by the step number alone, so that a resumed run (or the same step
+        # of another run) draws the same tokens.
+        trainable, frozen = lora.partition(state.params, lora_on)
+        reference = state.reference_params
+        if lora_on and loss_config.kl_coef:
+            reference = frozen
         covariance_key = None
         if loss_config.clip_cov_ratio:
             covariance_key = jax.random.fold_in(jax.random.key(0), state.step)
         if half_batch_stats:
-            grad_fn = lambda p, b: gradient(p, state.reference_params, b, covariance_key)
-            grads, metrics, halves = gradients.half_batch_gradient_stats(
-                grad_fn, state.params, batch
-            )
+            grad_fn = lambda p, b: gradient(p, reference, b, covariance_key, frozen)
+            grads, metrics, halves = gradients.half_batch_gradient_stats(grad_fn, trainable, batch)
             metrics = {**metrics, **halves}
         else:
-            grads, metrics = gradient(state.params, state.reference_params, batch, covariance_key)
+            grads, metrics = gradient(trainable, reference, batch, covariance_key, frozen)
         if num_microbatches > 1:  # accumulated in float32: back to the params' dtype
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trainable)
         # OPTIMIZER UPDATE, skipped when not finite
         state, update_metrics = _update_if_finite(
-            optimizer, state, grads, metrics["loss"], grad_clip=grad_clip
+            optimizer, state, grads, metrics["loss"], grad_clip=grad_clip, lora_on=lora_on
         )
         # STALENESS STATISTICS. The batch's token entropy is `train_entropy`: `entropy`
         # in metrics.jsonl is the held-out one.
@@ -309,7 +331,9 @@ def _check_microbatches(batch, num_microbatches: int, data_shards: int, half_bat
         )
 
 
-def _update_if_finite(optimizer, state: TrainState, grads, loss, *, grad_clip: float):
+def _update_if_finite(
+    optimizer, state: TrainState, grads, loss, *, grad_clip: float, lora_on: bool = False
+):
     """(state', metrics): the optimizer update applied, or skipped whole when the loss, the
     gradient or the update is not finite: one bad batch (or a rate that overflows) must not
     turn the parameters or Adam's moments into NaN. The update's norm is taken first, a
@@ -318,13 +342,18 @@ def _update_if_finite(optimizer, state: TrainState, grads, loss, *, grad_clip: f
     the peak (four float32 copies of every layer's shard)."""
     grad_norm = optax.tree_utils.tree_norm(grads)
     update_norm = gradients.layerwise_update_norm(
-        optimizer, grads, state.opt_state, state.params, grad_clip=grad_clip
+        optimizer,
+        grads,
+        state.opt_state,
+        lora.partition(state.params, lora_on)[0],
+        grad_clip=grad_clip,
     )
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
 
     def apply_update(state, grads):
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        trainable, frozen = lora.partition(state.params, lora_on)
+        updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+        params = lora.combine(optax.apply_updates(trainable, updates), frozen)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
     new_state = jax.lax.cond(finite, apply_update, lambda state, _: state, state, grads)

@@ -26,6 +26,7 @@ from replax.config import sections
 from replax.config import spec as spec_lib
 from replax.core import processes, sharding
 from replax.core.config_utils import ConfigError
+from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.replay import schedules
 from replax.replay import store as replay_lib
@@ -283,8 +284,13 @@ def _kept(run: Run, split: str, source):
 def _warm_start(run: Run, data: Data, log, stop=None):
     c = run.spec
     # What the base depends on (not where it or the data are stored).
+    # The warm start trains the whole base; LoRA's adapters start on it afterwards, so the
+    # LoRA keys are neither in its model nor in its cache key.
+    base_config = lora.base_config(run.model_config)
     key = warmstart_lib.cache_key(
-        model=dataclasses.asdict(run.model_config),
+        model={
+            k: v for k, v in dataclasses.asdict(base_config).items() if k not in sections.LORA_KEYS
+        },
         # long_prompts='error' leaves the pool as it was: bases cached before the setting
         # existed stay valid.
         task={
@@ -297,7 +303,7 @@ def _warm_start(run: Run, data: Data, log, stop=None):
         rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
     )
     params, info = warmstart_lib.warm_start(
-        model=run.model,
+        model=model_lib.Transformer(base_config),
         config=c.warmstart.config(),
         tokenizer=run.tokenizer,
         task=run.task,

@@ -42,6 +42,7 @@ PLACEMENT_KEYS = (
     "sampler_busy_frac",
     "trainer_busy_frac",
     "sync_s",
+    "sync_bytes",
     "wait_s",
     "gen_start_s",
     "gen_end_s",

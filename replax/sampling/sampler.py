@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replax.core import processes, sharding
+from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.sampling import decode as decode_lib
 from replax.sampling.decode import SampleOutput
@@ -120,6 +121,11 @@ class Sampler:
         self.model_config = cfg
         self.model = model_lib.Transformer(cfg)
         self.dtype = None if dtype is None else model_lib.DTYPES[dtype]
+        # LoRA with a decode dtype of its own: the adapters are folded into the weights as
+        # they are cast (W + A B alpha / r), so decoding costs what the base's does and the
+        # cast copy, made anyway, holds them. Without one, decoding applies the adapters
+        # on the fly: no copy of the weights, and the train step's computation exactly.
+        self.merges_adapters = lora.enabled(cfg) and dtype is not None
         self.max_prompt_len = int(max_prompt_len)
         self.max_new_tokens = int(max_new_tokens)
         self.stop_ids, self.pad_id = stop_ids, int(pad_id)
@@ -142,7 +148,7 @@ class Sampler:
             data_shards=self.data_shards,
         )
         if mesh is None:
-            self._params_shardings = self._prompt_sharding = None
+            self._params_shardings = self._decode_shardings = self._prompt_sharding = None
             self._jitted = jax.jit(decode, static_argnums=(4, 5, 6))
             self._prepare = jax.jit(self._cast)
         else:
@@ -150,6 +156,10 @@ class Sampler:
             abstract = jax.eval_shape(self.model.init, jax.random.key(0), dummy, dummy)
             self._params_shardings = sharding.params_shardings(mesh, abstract, rules)["params"]
             _check_divisible(mesh, nn.unbox(abstract)["params"], self._params_shardings)
+            # What the decode loop reads: without the adapters when they are merged.
+            self._decode_shardings = self._params_shardings
+            if self.merges_adapters:
+                self._decode_shardings = lora.without_adapters(self._params_shardings)
             # Prompts are small integers: every device holds all of them, and the prefill
             # splits them over the data shards (padded when these do not divide them).
             self._prompt_sharding = sharding.replicated(mesh)
@@ -158,7 +168,7 @@ class Sampler:
                 decode,
                 static_argnums=(4, 5, 6),
                 in_shardings=(
-                    self._params_shardings,
+                    self._decode_shardings,
                     self._prompt_sharding,
                     self._prompt_sharding,
                     sharding.replicated(mesh),
@@ -170,14 +180,26 @@ class Sampler:
                     lengths=sharding.named(mesh, ("batch",), rules),
                 ),
             )
-            self._prepare = jax.jit(self._cast, out_shardings=self._params_shardings)
+            self._prepare = jax.jit(self._cast, out_shardings=self._decode_shardings)
 
     def _cast(self, params):
-        """The params in the sampler's dtype (floating leaves; unchanged without one)."""
+        """The params in the sampler's dtype (floating leaves; unchanged without one), the
+        adapters merged when `merges_adapters`."""
+        if self.merges_adapters and lora.has_adapters(params):
+            params = lora.merged(params, self.model_config)
         if self.dtype is None:
             return params
         cast = lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
         return jax.tree_util.tree_map(cast, params)
+
+    @property
+    def params_shardings(self):
+        """The decode loop's shardings of the params (None without a mesh)."""
+        return self._params_shardings
+
+    def cast_params(self, params):
+        """params (any subtree of the model's) in the sampler's dtype, where they are."""
+        return self._cast(params)
 
     def prepare_params(self, params):
         """The params as the decode loop reads them: in the sampler's dtype and layout.
@@ -187,16 +209,20 @@ class Sampler:
         if self._params_shardings is None:
             targets = [None] * len(leaves)
         else:
-            targets = jax.tree_util.tree_leaves(self._params_shardings)
+            targets = jax.tree_util.tree_leaves(self._decode_shardings)
             devices = set(self.mesh.devices.flat)
             if any(isinstance(x, jax.Array) and x.sharding.device_set != devices for x in leaves):
                 # Weights on other devices (a disjoint trainer's): one transfer of the whole
                 # tree into the decode layout; a jitted program spans one set of devices.
                 if all(x.is_fully_addressable for x in leaves):
-                    params = jax.device_put(params, self._params_shardings)
+                    params = jax.device_put(params, self._input_shardings(params))
                     leaves = jax.tree_util.tree_leaves(params)
                 else:  # a trainer over every process, this process's sampler mesh
-                    leaves = processes.copy_to_process_mesh(leaves, targets, self._stages)
+                    leaves = processes.copy_to_process_mesh(
+                        leaves,
+                        jax.tree_util.tree_leaves(self._input_shardings(params)),
+                        self._stages,
+                    )
                     params = jax.tree_util.tree_unflatten(
                         jax.tree_util.tree_structure(params), leaves
                     )
@@ -209,6 +235,12 @@ class Sampler:
         if len(leaves) == len(targets) and all(map(ready, leaves, targets)):
             return params
         return self._prepare(params)
+
+    def _input_shardings(self, params):
+        """The sampler's layout of params as given: with or without adapters."""
+        if lora.enabled(self.model_config) and not lora.has_adapters(params):
+            return lora.without_adapters(self._params_shardings)
+        return self._params_shardings
 
     @staticmethod
     def _check_sampling(sampling: SamplingConfig, cfg: model_lib.ModelConfig):
@@ -312,7 +344,10 @@ class Sampler:
             dtype = self.dtype if jnp.issubdtype(x.dtype, jnp.floating) and self.dtype else x.dtype
             return jax.ShapeDtypeStruct(x.shape, dtype, sharding=target)
 
-        params = jax.tree_util.tree_map(param, nn.unbox(abstract_params), self._params_shardings)
+        abstract_params = nn.unbox(abstract_params)
+        if self.merges_adapters:  # the decode loop reads the merged weights
+            abstract_params = lora.without_adapters(abstract_params)
+        params = jax.tree_util.tree_map(param, abstract_params, self._decode_shardings)
         shape = (num_prompts, self.max_prompt_len)
         ids = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._prompt_sharding)
         mask = jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=self._prompt_sharding)

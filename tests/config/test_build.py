@@ -58,6 +58,9 @@ BAD_SETTINGS = [
     ({"mesh.shape": (3, 1, 1)}, "mesh"),
     ({"model.remat_policy": "dots"}, "model.remat_policy"),
     ({"model.attention": "flash"}, "model.attention"),
+    ({"model.lora_rank": -1}, "model.lora_rank"),
+    ({"model.lora_alpha": 0.0}, "model.lora_alpha"),
+    ({"model.lora_targets": "q,x"}, "model.lora_targets"),
     # A TPU kernel on the CPU: refused before compiling, with what runs here.
     ({"model.attention": "splash"}, "model.attention"),
     ({"model.scan_layers": "yes"}, "model.scan_layers"),

@@ -12,6 +12,9 @@ def test_missing_settings_get_their_old_values_and_present_ones_stay():
         "scan_layers": True,  # as the run had it
         "remat_policy": "none",
         "attention": "einsum",
+        "lora_rank": 0,  # no adapters
+        "lora_alpha": 16.0,
+        "lora_targets": "q,k,v,o,gate,up,down",
     }
     assert new["train"] == {
         "num_microbatches": 1,

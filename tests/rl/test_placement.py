@@ -17,6 +17,7 @@ PLACEMENT_KEYS = (
     "sampler_busy_frac",
     "trainer_busy_frac",
     "sync_s",
+    "sync_bytes",
     "wait_s",
     "replay_ratio_realised",
 )
