@@ -87,7 +87,7 @@ setuptools.setup(
             "gguf>=0.17",
             "math-verify>=0.7",
             "datasets>=3",
-            # tests/test_lora_parity.py: a LoRA export loaded as a PEFT adapter.
+            # tests/hf/test_adapters.py: a LoRA export loaded as a PEFT adapter.
             "peft>=0.21",
         ],
     },

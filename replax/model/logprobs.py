@@ -15,15 +15,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from replax.model import transformer as model_lib
+from replax.model import layers
 
 
 def _chunk_logprobs_and_entropy(hidden, targets, head, *, scale, vocab_size):
     """One chunk: hidden [B, C, E], targets int[B, C], head float32 [E, V] ->
     (log-prob of each target [B, C], entropy of each next-token distribution [B, C])."""
     # Cast here, not outside the scan: the head's gradient then sums over chunks in float32.
-    logits = model_lib.dense(hidden, head.astype(hidden.dtype)).astype(jnp.float32)
-    logits = model_lib.constrain(logits, ("batch", "length", "vocab"))  # [B, C, V]
+    logits = layers.dense(hidden, head.astype(hidden.dtype)).astype(jnp.float32)
+    logits = layers.constrain(logits, ("batch", "length", "vocab"))  # [B, C, V]
     logits = mask_vocab(logits * scale, vocab_size)  # the distribution the sampler draws from
     logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
@@ -58,7 +58,7 @@ def chunked_token_logprobs_and_entropy(
         hidden = jnp.pad(hidden, ((0, 0), (0, padded - length), (0, 0)))  # zeros: finite
     # Chunk-major, the batch axis whole (and sharded) in every chunk.
     hidden = hidden.reshape(batch, num_chunks, chunk, embed).swapaxes(0, 1)  # [N, B, C, E]
-    hidden = model_lib.constrain(hidden, (None, "batch", "length", "embed"))
+    hidden = layers.constrain(hidden, (None, "batch", "length", "embed"))
     targets = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)  # [N, B, C]
     head = head.astype(jnp.float32)
 
@@ -69,7 +69,7 @@ def chunked_token_logprobs_and_entropy(
 
     def scan_body(carry, chunk_inputs):
         chunk_hidden, chunk_targets = chunk_inputs
-        chunk_hidden = model_lib.constrain(chunk_hidden, ("batch", "length", "embed"))
+        chunk_hidden = layers.constrain(chunk_hidden, ("batch", "length", "embed"))
         return carry, body(chunk_hidden, chunk_targets, head)
 
     _, (picked, entropy) = jax.lax.scan(scan_body, None, (hidden, targets))  # [N, B, C] each

@@ -21,7 +21,6 @@ backward pass; `attention` picks the kernel (`replax.model.attention`).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -30,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replax.model import attention
+from replax.model import layers as layers_lib
 
 # Re-exported: replax.model.transformer stays the one import for the model, its config and RoPE.
 from replax.model.attention import check_attention_backend as check_attention_backend
@@ -40,94 +40,6 @@ from replax.model.config import LORA_TARGETS as LORA_TARGETS
 from replax.model.config import REMAT_POLICIES as REMAT_POLICIES
 from replax.model.config import ROPE_TYPES as ROPE_TYPES
 from replax.model.config import ModelConfig as ModelConfig
-
-
-def _param(module: nn.Module, name: str, init, shape, axes, config: ModelConfig):
-    return module.param(
-        name, nn.with_logical_partitioning(init, axes), shape, config.jnp_param_dtype
-    )
-
-
-def _weight(module: nn.Module, name: str, init, shape, axes, config: ModelConfig):
-    """A matmul weight in the compute dtype. When compute is narrower than storage (fp32
-    master weights, bf16 compute) the cast is pinned to the weight's own sharding: it runs
-    on each device's shard inside the layer (the scan body), so the FSDP all-gather moves
-    bf16 and no bf16 copy of the whole model is held."""
-    w = _param(module, name, init, shape, axes, config)
-    if w.dtype == config.jnp_dtype:
-        return w
-    return constrain(w.astype(config.jnp_dtype), axes)
-
-
-# Kept over jnp.tensordot: the train step is 1.6x faster with it on XLA:CPU
-# (scripts/bench.py --only=hand_tuned).
-def dense(x, w, in_dims: int = 1):
-    """x [..., *in] times w [*in, *out] (the last in_dims axes of x contracted with the
-    first in_dims of w) as one 2-D matmul [rows, in] @ [in, out], reshaped back.
-
-    The same contraction written over [B, T, ...] activations makes XLA:CPU transpose the
-    activations for the weight gradient, fused with the elementwise ops that produce them
-    (strided, several times the matmul's own cost); 2-D matmuls keep every operand of the
-    forward and backward pass in its row-major layout.
-    """
-    lead, contracted = x.shape[: x.ndim - in_dims], x.shape[x.ndim - in_dims :]
-    k = math.prod(contracted)
-    y = x.reshape(-1, k) @ w.reshape(k, -1)
-    return y.reshape(*lead, *w.shape[in_dims:])
-
-
-def project(module: nn.Module, name: str, x, w, in_axes, out_axes, config: ModelConfig):
-    """x times the projection w [*in, *out] (`dense`), plus its LoRA adapter's
-    x A B * lora_alpha / lora_rank when `name` is in model.lora_targets.
-
-    A [*in, rank] starts random and B [rank, *out] at zero, so the adapted projection equals
-    the base one exactly until B moves. They carry w's logical axes on the matching
-    dimensions (so they shard with the layer they adapt) and none on the rank, which is
-    replicated. Params without the adapters (`replax.model.lora.without_adapters`) give the base
-    model: the KL reference, with no copy of its weights."""
-    in_dims = len(in_axes)
-    out = dense(x, w.astype(config.jnp_dtype), in_dims=in_dims)
-    if not config.lora_rank or name not in config.lora_targets:
-        return out
-    a_name, b_name = f"{name}_lora_a", f"{name}_lora_b"
-    if not module.is_initializing() and not module.has_variable("params", a_name):
-        return out  # adapters off
-    in_shape, out_shape = w.shape[:in_dims], w.shape[in_dims:]
-    rank = config.lora_rank
-    fan_in = math.prod(in_shape)
-    a = _weight(
-        module,
-        a_name,
-        nn.initializers.normal(stddev=fan_in**-0.5),
-        (*in_shape, rank),
-        (*in_axes, None),
-        config,
-    )
-    b = _weight(
-        module, b_name, nn.initializers.zeros, (rank, *out_shape), (None, *out_axes), config
-    )
-    delta = dense(dense(x, a, in_dims=in_dims), b)  # [..., rank] -> [..., *out]
-    return out + delta * jnp.asarray(config.lora_scale, delta.dtype)
-
-
-def constrain(x, axes):
-    """Activation sharding by logical axis names; a no-op outside a rules context."""
-    return nn.with_logical_constraint(x, axes)
-
-
-class RMSNorm(nn.Module):
-    config: ModelConfig
-    axis_name: str = "embed"
-
-    @nn.compact
-    def __call__(self, x):
-        dim = x.shape[-1]
-        scale = _param(self, "scale", nn.initializers.ones, (dim,), (self.axis_name,), self.config)
-        x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(
-            jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.norm_eps
-        )
-        return (x32 * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
 
 
 class Attention(nn.Module):
@@ -143,10 +55,10 @@ class Attention(nn.Module):
         cfg = self.config
         h, kv, d, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
         init = nn.initializers.normal(stddev=e**-0.5)
-        wq = _weight(self, "q", init, (e, h, d), ("embed", "heads", "head_dim"), cfg)
-        wk = _weight(self, "k", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
-        wv = _weight(self, "v", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
-        wo = _weight(
+        wq = layers_lib._weight(self, "q", init, (e, h, d), ("embed", "heads", "head_dim"), cfg)
+        wk = layers_lib._weight(self, "k", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wv = layers_lib._weight(self, "v", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), cfg)
+        wo = layers_lib._weight(
             self,
             "o",
             nn.initializers.normal(stddev=(h * d) ** -0.5),
@@ -155,21 +67,31 @@ class Attention(nn.Module):
             cfg,
         )
         dt = cfg.jnp_dtype
-        q = project(self, "q", x, wq, ("embed",), ("heads", "head_dim"), cfg)  # [B, T, H, D]
-        k = project(self, "k", x, wk, ("embed",), ("kv_heads", "head_dim"), cfg)  # [B, T, KV, D]
-        v = project(self, "v", x, wv, ("embed",), ("kv_heads", "head_dim"), cfg)
+        q = layers_lib.project(
+            self, "q", x, wq, ("embed",), ("heads", "head_dim"), cfg
+        )  # [B, T, H, D]
+        k = layers_lib.project(
+            self, "k", x, wk, ("embed",), ("kv_heads", "head_dim"), cfg
+        )  # [B, T, KV, D]
+        v = layers_lib.project(self, "v", x, wv, ("embed",), ("kv_heads", "head_dim"), cfg)
         if cfg.qkv_bias:
             zeros = nn.initializers.zeros
-            q = q + _param(self, "q_bias", zeros, (h, d), ("heads", "head_dim"), cfg).astype(dt)
-            k = k + _param(self, "k_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg).astype(dt)
-            v = v + _param(self, "v_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg).astype(dt)
+            q = q + layers_lib._param(
+                self, "q_bias", zeros, (h, d), ("heads", "head_dim"), cfg
+            ).astype(dt)
+            k = k + layers_lib._param(
+                self, "k_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg
+            ).astype(dt)
+            v = v + layers_lib._param(
+                self, "v_bias", zeros, (kv, d), ("kv_heads", "head_dim"), cfg
+            ).astype(dt)
         if cfg.qk_norm:
-            q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
-            k = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
+            q = layers_lib.RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
+            k = layers_lib.RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
         inv_freq = rope_inv_freq(cfg)
         q = rotary(q, positions, inv_freq)
         k = rotary(k, positions, inv_freq)
-        q = constrain(q, ("batch", "length", "heads", "head_dim"))
+        q = layers_lib.constrain(q, ("batch", "length", "heads", "head_dim"))
         # Keys and values heads-major, [B, KV, S, D], as the KV cache stores them: both
         # attention contractions are then batched matmuls over (B, KV) that read the
         # cache in place (a [B, S, KV, D] cache would be transposed on every step).
@@ -199,32 +121,10 @@ class Attention(nn.Module):
             out = attention.einsum_attention(q, k, v, attn_mask)  # [B, T, H, D]
         else:
             out = attention.dot_product_attention(q, k, v, attn_mask)
-        out = project(self, "o", out, wo, ("heads", "head_dim"), ("embed",), cfg)  # [B, T, E]
+        out = layers_lib.project(
+            self, "o", out, wo, ("heads", "head_dim"), ("embed",), cfg
+        )  # [B, T, E]
         return out, new_cache
-
-
-# Kept over plain autodiff: one [B, T, mlp] activation a layer less in the backward pass
-# (tests/model/test_transformer.py checks the bytes), and a step 2-5% faster.
-@jax.custom_vjp
-def swiglu(gate, up):
-    """silu(gate) * up, differentiated by hand: the backward pass keeps only gate and up
-    (recomputing the sigmoid), so the forward is one elementwise pass instead of three
-    that each store an intermediate [B, T, mlp] array for the backward."""
-    return jax.nn.silu(gate) * up
-
-
-def _swiglu_forward(gate, up):
-    return swiglu(gate, up), (gate, up)
-
-
-def _swiglu_backward(residuals, grad):
-    gate, up = residuals
-    sigmoid = jax.nn.sigmoid(gate)
-    # d silu(g) / dg = sigmoid(g) (1 + g (1 - sigmoid(g))).
-    return grad * up * sigmoid * (1 + gate * (1 - sigmoid)), grad * gate * sigmoid
-
-
-swiglu.defvjp(_swiglu_forward, _swiglu_backward)
 
 
 class MLP(nn.Module):
@@ -236,9 +136,11 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.config
         init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
-        gate = _weight(self, "gate", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
-        up = _weight(self, "up", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
-        down = _weight(
+        gate = layers_lib._weight(
+            self, "gate", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg
+        )
+        up = layers_lib._weight(self, "up", init, (cfg.d_model, cfg.mlp_dim), ("embed", "mlp"), cfg)
+        down = layers_lib._weight(
             self,
             "down",
             nn.initializers.normal(stddev=cfg.mlp_dim**-0.5),
@@ -246,12 +148,12 @@ class MLP(nn.Module):
             ("mlp", "embed"),
             cfg,
         )
-        hidden = swiglu(
-            project(self, "gate", x, gate, ("embed",), ("mlp",), cfg),
-            project(self, "up", x, up, ("embed",), ("mlp",), cfg),
+        hidden = layers_lib.swiglu(
+            layers_lib.project(self, "gate", x, gate, ("embed",), ("mlp",), cfg),
+            layers_lib.project(self, "up", x, up, ("embed",), ("mlp",), cfg),
         )
-        hidden = constrain(hidden, ("batch", "length", "mlp"))
-        return project(self, "down", hidden, down, ("mlp",), ("embed",), cfg)
+        hidden = layers_lib.constrain(hidden, ("batch", "length", "mlp"))
+        return layers_lib.project(self, "down", hidden, down, ("mlp",), ("embed",), cfg)
 
 
 class Block(nn.Module):
@@ -260,15 +162,15 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
         attn_out, new_cache = Attention(self.config, name="attn")(
-            RMSNorm(self.config, name="attn_norm")(x),
+            layers_lib.RMSNorm(self.config, name="attn_norm")(x),
             positions,
             attn_mask,
             layer_cache,
             cache_index,
         )
-        x = constrain(x + attn_out, ("batch", "length", "embed"))
-        x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="mlp_norm")(x))
-        return constrain(x, ("batch", "length", "embed")), new_cache
+        x = layers_lib.constrain(x + attn_out, ("batch", "length", "embed"))
+        x = x + MLP(self.config, name="mlp")(layers_lib.RMSNorm(self.config, name="mlp_norm")(x))
+        return layers_lib.constrain(x, ("batch", "length", "embed")), new_cache
 
 
 class Transformer(nn.Module):
@@ -295,7 +197,7 @@ class Transformer(nn.Module):
         # place of the logits; `dense(hidden, output_head(params, config))` gives them.
         cfg = self.config
         b, t = tokens.shape
-        embedding = _param(
+        embedding = layers_lib._param(
             self,
             "embedding",
             # d^-1/2: with a tied head, logits of a unit-RMS final state start at O(1)
@@ -306,7 +208,7 @@ class Transformer(nn.Module):
             cfg,
         )
         x = jnp.take(embedding, tokens, axis=0).astype(cfg.jnp_dtype)
-        x = constrain(x, ("batch", "length", "embed"))
+        x = layers_lib.constrain(x, ("batch", "length", "embed"))
 
         if cache is None:
             if mask is None:
@@ -352,12 +254,12 @@ class Transformer(nn.Module):
                     x, positions, attn_mask, None if cache is None else cache[i], cache_index
                 )
                 new_cache.append(layer_cache)
-        x = RMSNorm(cfg, name="final_norm")(x)  # [B, T, E]
+        x = layers_lib.RMSNorm(cfg, name="final_norm")(x)  # [B, T, E]
         if cfg.tie_embeddings:
             head_params = {"embedding": embedding}
         else:
             head_params = {
-                "lm_head": _param(
+                "lm_head": layers_lib._param(
                     self,
                     "lm_head",
                     nn.initializers.normal(stddev=cfg.d_model**-0.5),
@@ -370,7 +272,9 @@ class Transformer(nn.Module):
             out = x
         else:
             head = output_head(head_params, cfg)  # [E, V]
-            out = constrain(dense(x, head).astype(jnp.float32), ("batch", "length", "vocab"))
+            out = layers_lib.constrain(
+                layers_lib.dense(x, head).astype(jnp.float32), ("batch", "length", "vocab")
+            )
         if cache is None:
             return out
         return out, new_cache

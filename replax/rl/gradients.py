@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from replax.model import layers, lora
 from replax.model import logprobs as logprobs_lib
-from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.model.logprobs import mask_vocab
 from replax.rl import objectives
@@ -110,7 +110,7 @@ def make_gradient_fn(
 
         def split(x):  # [B, ...] -> [M, B / M, ...], slice j = rows j, j + M, ...
             x = x.reshape(rows // m, m, *x.shape[1:]).swapaxes(0, 1)
-            return model_lib.constrain(x, (None, "batch") + (None,) * (x.ndim - 2))
+            return layers.constrain(x, (None, "batch") + (None,) * (x.ndim - 2))
 
         def merge(x):  # [M, B / M, ...] -> [B, ...], the rows in their order
             return x.swapaxes(0, 1).reshape(rows, *x.shape[2:])

@@ -21,6 +21,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from replax.model import layers
 from replax.model import transformer as model_lib
 from replax.model.logprobs import mask_vocab
 from replax.sampling.distributions import SamplingConfig, sample_tokens
@@ -49,7 +50,7 @@ def _constrain_cache(cache, config: model_lib.ModelConfig):
     """Every KV-cache leaf ([B, KV, S, D] per layer, or [L, B, KV, S, D] with the layers
     stacked: batch is axis -4 and length axis -2 either way) held to its logical axes."""
     axes = model_lib.cache_axes(config)
-    return jax.tree_util.tree_map(lambda x: model_lib.constrain(x, axes), cache)
+    return jax.tree_util.tree_map(lambda x: layers.constrain(x, axes), cache)
 
 
 def _grow_cache(cache, config: model_lib.ModelConfig, length: int):

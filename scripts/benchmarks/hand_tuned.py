@@ -1,6 +1,6 @@
 """The hand-written pieces against their plain jax forms, back to back: the inverse-CDF
 categorical draw (jax.random.categorical), `sampling._argmax` (jnp.argmax), the 2-D
-`model.dense` (jnp.tensordot) and the custom-VJP `model.swiglu` (silu(gate) * up under
+`layers.dense` (jnp.tensordot) and the custom-VJP `layers.swiglu` (silu(gate) * up under
 autodiff).
 
 Each piece is swapped for its plain form by replacing the module attribute the library

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from replax.model import layers
 from replax.model import logprobs as logprobs_lib
-from replax.model import transformer as model_lib
 from replax.model.logprobs import chunked_token_logprobs_and_entropy, mask_vocab
 
 # 11 positions predict the next token: chunks of 1, 4 (padded), 11 and 16 (one padded chunk).
@@ -20,7 +20,7 @@ BATCH, LENGTH, EMBED, VOCAB = 3, 12, 8, 10
 
 def unchunked(hidden, head, tokens, scale, vocab_size):
     """Today's train step: the whole [B, T, V] logits, one log-softmax."""
-    logits = model_lib.dense(hidden, head).astype(jnp.float32) * scale
+    logits = layers.dense(hidden, head).astype(jnp.float32) * scale
     return logprobs_lib.token_logprobs_and_entropy(mask_vocab(logits, vocab_size), tokens)
 
 

@@ -13,6 +13,7 @@ from conftest import TINY
 from jax.sharding import PartitionSpec as P
 
 from replax.core import sharding
+from replax.model import layers
 from replax.model import transformer as model_lib
 
 VARIANTS = {
@@ -84,26 +85,6 @@ def test_left_padding_does_not_change_logits():
     no_padding = jnp.ones(unpadded.shape, bool)
     logits = model.apply({"params": params}, unpadded, model_lib.positions_from_mask(no_padding))
     np.testing.assert_allclose(logits_padded[:, 3:], logits, rtol=1e-5, atol=1e-5)
-
-
-def test_dense_is_the_contraction_of_the_trailing_axes():
-    x = jax.random.normal(jax.random.key(0), (2, 3, 4, 5))
-    w = jax.random.normal(jax.random.key(1), (4, 5, 6))
-    np.testing.assert_allclose(
-        model_lib.dense(x, w, in_dims=2), jnp.einsum("btkd,kde->bte", x, w), rtol=1e-5
-    )
-    np.testing.assert_allclose(
-        model_lib.dense(x, w[0], in_dims=1), jnp.einsum("btkd,de->btke", x, w[0]), rtol=1e-5
-    )
-
-
-def test_swiglu_gradient_matches_autodiff_of_silu_times_up():
-    gate, up, grad = jax.random.normal(jax.random.key(0), (3, 4, 16)) * 3
-    plain = lambda g, u: jnp.sum(jax.nn.silu(g) * u * grad)
-    fused = lambda g, u: jnp.sum(model_lib.swiglu(g, u) * grad)
-    np.testing.assert_allclose(fused(gate, up), plain(gate, up), rtol=1e-6)
-    for got, want in zip(jax.grad(fused, (0, 1))(gate, up), jax.grad(plain, (0, 1))(gate, up)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -234,7 +215,7 @@ def test_hidden_states_times_output_head_are_the_logits(scan_layers, dtype):
         head = model_lib.output_head(params, config)
         assert hidden.shape == (2, 8, 32) and hidden.dtype == config.jnp_dtype
         assert head.shape == (32, 64) and head.dtype == config.jnp_dtype
-        rebuilt = model_lib.dense(hidden, head).astype(jnp.float32)
+        rebuilt = layers.dense(hidden, head).astype(jnp.float32)
         np.testing.assert_array_equal(np.asarray(rebuilt), np.asarray(logits))
 
 
