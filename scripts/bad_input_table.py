@@ -39,10 +39,11 @@ ENV = {
 }
 
 
-def _tests_module(name):
-    """A module of tests/ (its case lists are the table's rows)."""
+def _tests_module(path):
+    """A module of tests/ by its path there (its case lists are the table's rows)."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tests", f"{name}.py"))
+    name = os.path.basename(path)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tests", f"{path}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -50,7 +51,7 @@ def _tests_module(name):
 
 # The micro run of tests/run/test_trainer.py, two steps.
 MICRO = [
-    *_tests_module("test_trainer").MICRO,
+    *_tests_module("runs").MICRO,
     "--config.total_steps=2",
     "--config.checkpoint_every=2",
 ]
@@ -107,7 +108,7 @@ def _train(workdir, *args, config="configs/arith.py"):
 def _cases(tmp):
     """(bad input, the script and its arguments, the paths it must not create or change)."""
     cases = []
-    for i, (overrides, _) in enumerate(_tests_module("test_configuration").BAD_SETTINGS):
+    for i, (overrides, _) in enumerate(_tests_module("config/test_build").BAD_SETTINGS):
         flags = [_flag(k, v) for k, v in overrides.items()]
         workdir = os.path.join(tmp, f"setting{i}")
         cases.append((" ".join(flags), _train(workdir, *MICRO, *flags), [workdir]))
