@@ -3,6 +3,7 @@
 - `assemble`: the mesh, model, sampler, replay store and train step of a spec
   (`build`, `assemble`), the prompt data, the initial parameters.
 - `trainer`: the RL loop (`train`, `run_loop`).
+- `steps`: one step's phases: the fresh rollouts, add / sample / train, its record.
 - `warmstart`: the SFT warm start of a model that cannot yet earn rewards.
 - `checkpoint`: sealed orbax checkpoints of the train state and replay store.
 - `runtime`: workdir lock, resume checks, preemption (SIGTERM stops after a step).

@@ -22,23 +22,20 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from replax.config import spec as spec_lib
 from replax.core import processes
 from replax.core.config_utils import ConfigError
 from replax.hf import adapters
-from replax.model import flops as flops_lib
 from replax.model import lora
 from replax.replay import auto as auto_replay
 from replax.replay import schedules
-from replax.rl import placement, rollouts
+from replax.rl import placement
 from replax.rl import train_step as train_step_lib
 from replax.run import checkpoint as checkpoint_lib
 from replax.run import metrics as metrics_lib
-from replax.run import progress, runtime
+from replax.run import progress, runtime, steps
 from replax.run.assemble import (
     Data,
     Run,
@@ -204,29 +201,13 @@ def run_loop(
     if loop.base_accuracy is None:
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
-    primary = jax.process_index() == 0
-    writer = metrics_lib.MetricsWriter(
-        run.workdir,
-        resume_step=loop.step,
-        enabled=primary,
-        wandb_mode=c.log.wandb_mode if c.log.wandb else None,
-        config=c.to_dict(),
-    )
-    bar = progress.make_progress(
-        c.total_steps, loop.step, print_every_s=c.log.print_every_s, enabled=primary
-    )
+    writer, bar = _outputs(run, loop)
     # The schedule's rate of each optimizer update, looked up on the host.
     learning_rates = train_step_lib.learning_rates(c.optimizer_config(), c.total_steps)
-    idle = rollouts.nothing_generated(
-        run.rollouts_per_step,
-        c.rollout.max_prompt_len,
-        c.rollout.max_new_tokens,
-        run.mesh,
-        run.rules,
-    )
+    idle = steps.nothing_generated(run)
     base_key, record, stopping = jax.random.key(c.seed), {}, False
     t_start = time.time() - loop.wall_s
-    disjoint, version = None, None
+    disjoint = None
     if c.rollout.placement == "disjoint":  # the sampler on its own devices, in a thread
         disjoint = placement.DisjointRollouts(run, base_key, c.total_steps)
         disjoint.resume(loop.step, loop.pending)
@@ -240,53 +221,26 @@ def run_loop(
         generated, max_age = schedule.should_generate(step), schedule.max_age()
         # Skipped steps did not advance the optimizer's count of updates.
         learning_rate = learning_rates[step - loop.skipped_steps]
-        # GENERATE R rollouts (G completions of each prompt), SCORE them on the host.
-        t0 = time.time()
-        fresh = idle
-        if disjoint is not None:  # taken from the sampler's thread, the next one handed over
-            fresh, version, gen_s = disjoint.step(step, train_state.params, prompt_iter)
-            generated, fresh = fresh is not None, fresh or idle
-        elif generated:
-            fresh = rollouts.generate_and_score(
-                run.sampler,
-                run.task,
-                run.tokenizer,
-                c.rollout.group_size,
-                train_state.params,
-                next(prompt_iter),
-                gen_key,
-            )
-        if disjoint is None:
-            gen_s = time.time() - t0 if generated else 0.0
-        # ADD, SAMPLE, STEP on the devices.
-        t1 = time.time()
-        replay_state, batch, stats = run.add_and_sample(
-            replay_state,
-            fresh.prompt_ids,
-            fresh.prompt_mask,
-            fresh.completion,
-            jnp.asarray(fresh.rewards),
-            jnp.int32(step),
-            sample_key,
-            jnp.bool_(generated),
-            jnp.int32(max_age),
-            # Disjoint: the generating policy's step, so that ages count from it.
-            None if disjoint is None else jnp.int32(version if generated else step),
+        fresh = steps.fresh_rollouts(
+            run, disjoint, step, train_state.params, prompt_iter, gen_key, generated, idle
         )
-        train_state, step_metrics = run.train_step(train_state, batch)
-        step_metrics, stats = jax.device_get((step_metrics, stats))
+        t1 = time.time()
+        replay_state, train_state, step_metrics, stats = steps.add_sample_and_train(
+            run, replay_state, train_state, fresh, step, sample_key, max_age
+        )
         train_s = time.time() - t1
         loop.skipped_steps += int(step_metrics.pop("skipped"))
-        loop.reward_errors += int(fresh.reward_errors or 0)
+        loop.reward_errors += int(fresh.rollouts.reward_errors or 0)
         # ACCOUNTING AND METRICS
-        record = _step_record(
-            run, loop, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
-        )
+        record = steps.step_record(run, loop, fresh, stats, step_metrics, train_s, t_start)
         # The float32 rate as its shortest decimal (1e-4, not 9.99999974e-05).
         record["learning_rate"] = float(str(learning_rate))
         if disjoint is not None:
-            record.update(_placement_record(disjoint, loop, step, version, generated, t_start))
-            record.update(train_start_s=t1 - t_start, train_end_s=t1 + train_s - t_start)
+            record.update(
+                steps.placement_record(disjoint, loop, step, fresh, t_start),
+                train_start_s=t1 - t_start,
+                train_end_s=t1 + train_s - t_start,
+            )
         loop.step = step + 1
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
@@ -338,6 +292,22 @@ def run_loop(
     }
 
 
+def _outputs(run: Run, loop: LoopState):
+    """The run's metrics writer and progress bar (process 0's; silent on the others)."""
+    c, primary = run.spec, jax.process_index() == 0
+    writer = metrics_lib.MetricsWriter(
+        run.workdir,
+        resume_step=loop.step,
+        enabled=primary,
+        config=c.to_dict(),
+        wandb_mode=c.log.wandb_mode if c.log.wandb else None,
+    )
+    bar = progress.make_progress(
+        c.total_steps, loop.step, print_every_s=c.log.print_every_s, enabled=primary
+    )
+    return writer, bar
+
+
 def step_keys(base_key, step: int):
     """(generation, replay sampling, evaluation) keys of the loop step that takes the run
     from `step` to step + 1 steps done: fold_in(key(seed), step), split 3 ways. The
@@ -349,36 +319,6 @@ def step_keys(base_key, step: int):
 def eval_key(seed: int, step: int):
     """The key the run's own evaluation of checkpoint `step` (steps done) used."""
     return step_keys(jax.random.key(seed), step - 1)[2]
-
-
-def _step_record(
-    run: Run, loop: LoopState, fresh, stats, step_metrics, gen_s, train_s, generated, t_start
-):
-    """The metrics of one loop step, after accounting its cost and telling the schedule
-    what it took; seconds are process 0's on every process (auto replay plans by them)."""
-    account, schedule = loop.account, loop.schedule
-    gen_s, train_s = (float(t) for t in processes.from_process_zero(np.array([gen_s, train_s])))
-    _account(account, run, fresh.lengths, gen_s, train_s)
-    kept = int(stats["rollouts_kept"]) if generated else None
-    schedule.observe(
-        gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
-    )
-    return {
-        "wall_s": time.time() - t_start,
-        **account.as_dict(),
-        "mu_measured": account.mu_measured(),
-        # A step that generates nothing has no reward (nor completions) to report.
-        "reward_mean": fresh.reward_mean,
-        # Cumulative, as skipped_steps.
-        "reward_errors": loop.reward_errors,
-        **fresh.diagnostics,
-        "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
-        "skipped_steps": loop.skipped_steps,
-        **stats,
-        "rollout_entropy": float(stats["rollout_entropy"]) if generated else None,
-        **step_metrics,
-        **schedule.metrics(),
-    }
 
 
 def _checkpoint_if_due(
@@ -420,45 +360,5 @@ def _checkpoint_if_due(
     return stopping
 
 
-def _placement_record(disjoint, loop: LoopState, step, version, generated, t_start):
-    """Disjoint placement's metrics: how far behind the fresh rollouts' policy was, how
-    busy each side was, the last weight transfer, and replay's realised ratio."""
-    wall = max(time.time() - t_start, 1e-9)
-    account = loop.account
-    lag = step - version if generated else None
-    # When the generation added now ran, in seconds of the run (none for one finished
-    # into a checkpoint before a resume).
-    span = disjoint.spans.pop(disjoint.consumed, None) if generated else None
-    return {
-        "gen_start_s": None if span is None else span[0] - t_start,
-        "gen_end_s": None if span is None else span[1] - t_start,
-        "policy_lag_mean": lag,
-        "policy_lag_max": lag,
-        "sampler_busy_frac": disjoint.busy_s / wall,
-        "trainer_busy_frac": account.train_s / wall,
-        "sync_s": disjoint.sync_s,
-        "sync_bytes": disjoint.sync_bytes,
-        "wait_s": disjoint.wait_s if generated else 0.0,
-        "replay_ratio_realised": account.train_rollouts / max(account.gen_rollouts, 1),
-    }
-
-
 def _silent(*args, **kwargs) -> None:
     del args, kwargs
-
-
-def _account(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:
-    """Adds one step's generation (lengths int[R] of the completions, or None when the
-    step generated nothing) and training to the cumulative compute account."""
-    c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
-    if lengths is not None:
-        account.gen_tokens += int(lengths.sum())
-        account.gen_flops += flops_lib.generate_flops(
-            run.model_config, r, c.rollout.max_prompt_len, int(lengths.max()), run.seq_len
-        )
-        account.gen_rollouts += r
-    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len)
-    account.gen_s += gen_s
-    account.train_s += train_s
-    account.train_rollouts += b
-    account.steps += 1

@@ -3,8 +3,8 @@
 - `distributions`: temperature and top-p sampling of a token from logits.
 - `decode`: prefill and the decode loop (a `lax.while_loop` over tokens, stopping when
   every row has ended) with the KV cache.
-- `sampler`: `Sampler`, the compiled, sharded entry point the run and the evaluator call,
-  and its ahead-of-time lowering.
+- `sampler`: `Sampler`, the compiled, sharded entry point the run and the evaluator call.
+- `lowering`: its decode program and prefill lowered ahead of time from abstract inputs.
 
 May import: core, model.
 """

@@ -333,58 +333,6 @@ class Sampler:
         with sharding.activation_rules(self.mesh, self.rules):
             return self._jitted(*args)
 
-    def abstract_inputs(self, num_prompts: int, abstract_params):
-        """The decode program's arguments as ShapeDtypeStructs with their shardings, for
-        `num_prompts` prompts of max_prompt_len tokens: params in the sampler's dtype and
-        layout (from the policy's abstract params), prompt ids and mask, a PRNG key."""
-        if self.mesh is None:
-            raise ValueError("abstract_inputs: the sampler has no mesh to place inputs on")
-
-        def param(x, target):
-            dtype = self.dtype if jnp.issubdtype(x.dtype, jnp.floating) and self.dtype else x.dtype
-            return jax.ShapeDtypeStruct(x.shape, dtype, sharding=target)
-
-        abstract_params = nn.unbox(abstract_params)
-        if self.merges_adapters:  # the decode loop reads the merged weights
-            abstract_params = lora.without_adapters(abstract_params)
-        params = jax.tree_util.tree_map(param, abstract_params, self._decode_shardings)
-        shape = (num_prompts, self.max_prompt_len)
-        ids = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._prompt_sharding)
-        mask = jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=self._prompt_sharding)
-        return params, ids, mask, sharding.abstract_key(self.mesh)
-
-    def lower(self, abstract_params, num_prompts: int, num_samples: int = 1, **overrides):
-        """The whole decode program `generate` runs (prefill and the token loop) for
-        num_prompts x num_samples rows, lowered from abstract inputs (nothing allocated):
-        `.compile()` it for the sampler mesh's devices, whatever the host's backend.
-        overrides: temperature / top_k / top_p, as in `generate`."""
-        sampling = dataclasses.replace(self.sampling, **overrides)
-        self._check_sampling(sampling, self.model_config)
-        sharding.check_batch("sampler batch size", num_prompts * num_samples, self.mesh, self.rules)
-        args = self.abstract_inputs(num_prompts, abstract_params)
-        with sharding.activation_rules(self.mesh, self.rules):
-            return self._jitted.lower(*args, sampling, int(num_samples), (0, 1))
-
-    def lower_prefill(self, abstract_params, num_prompts: int, num_samples: int = 1):
-        """The prefill alone (the prompts through the model into the KV cache of the
-        decode loop's first segment), lowered as `lower` does: the part of the decode
-        program whose cost grows with the prompt, for memory and FLOP figures."""
-        params, ids, mask, _ = self.abstract_inputs(num_prompts, abstract_params)
-        prefill = functools.partial(
-            decode_lib.prefill_prompts,
-            model=self.model,
-            max_new_tokens=self.max_new_tokens,
-            cache_dtype=self._cache_dtype,
-            num_samples=int(num_samples),
-            data_shards=self.data_shards,
-        )
-        jitted = jax.jit(
-            prefill,
-            in_shardings=(self._params_shardings, self._prompt_sharding, self._prompt_sharding),
-        )
-        with sharding.activation_rules(self.mesh, self.rules):
-            return jitted.lower(params, ids, mask)
-
     def sample_k(self, params, prompt_ids, prompt_mask, rng, k: int, **overrides) -> SampleOutput:
         """k completions per prompt (for pass@k and group rollouts): fields are [B, k, ...]."""
         if not (isinstance(k, int | np.integer) and k >= 1):

@@ -30,6 +30,7 @@ from replax.rl import evaluation, rollouts
 from replax.rl import train_step as train_step_lib
 from replax.run import assemble as run_lib
 from replax.sampling import decode as decode_lib
+from replax.sampling import lowering
 from replax.tools import tpu_targets
 
 # PROGRAMS
@@ -145,10 +146,14 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
             lambda: _lower_prepare(sampler, params), ("train_params",) if colocated else ()
         ),
         "sampler_prefill": Program(
-            lambda: sampler.lower_prefill(params, c.rollout.prompts_per_step, c.rollout.group_size)
+            lambda: lowering.lower_prefill(
+                sampler, params, c.rollout.prompts_per_step, c.rollout.group_size
+            )
         ),
         "sampler_decode": Program(
-            lambda: sampler.lower(params, c.rollout.prompts_per_step, c.rollout.group_size)
+            lambda: lowering.lower(
+                sampler, params, c.rollout.prompts_per_step, c.rollout.group_size
+            )
         ),
     }
     greedy, sample = evaluation.make_samplers(
@@ -162,11 +167,13 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
     )
     # Evaluation decodes eval.max_rows rows a call (`evaluation.Evaluator`).
     greedy_prompts = c.eval.num_prompts // c.eval.blocks(c.eval.num_prompts, 1)
-    programs["eval_greedy"] = Program(lambda: greedy.lower(params, greedy_prompts))
+    programs["eval_greedy"] = Program(lambda: lowering.lower(greedy, params, greedy_prompts))
     if c.eval.pass_k > 0 and c.eval.pass_k_prompts > 0:
         prompts = min(c.eval.pass_k_prompts, c.eval.num_prompts)
         prompts //= c.eval.blocks(prompts, c.eval.pass_k)
-        programs["eval_pass_at_k"] = Program(lambda: sample.lower(params, prompts, c.eval.pass_k))
+        programs["eval_pass_at_k"] = Program(
+            lambda: lowering.lower(sample, params, prompts, c.eval.pass_k)
+        )
     if not colocated:
         copy = _weight_copy(run, params)
         if copy is not None:

@@ -1,0 +1,155 @@
+"""One step of the RL loop, in the phases `replax.run.trainer.run_loop` calls in turn:
+the fresh rollouts (generated here, or taken from the disjoint sampler), the add, sample
+and train step on the devices, and the step's record with its cost accounted."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replax.core import processes
+from replax.model import flops as flops_lib
+from replax.rl import rollouts
+from replax.run import metrics as metrics_lib
+from replax.run.assemble import Run
+
+
+@dataclasses.dataclass
+class StepRollouts:
+    """A step's fresh rollouts (`idle` when it generated none) and what they cost."""
+
+    rollouts: rollouts.Fresh
+    generated: bool
+    gen_s: float
+    # Disjoint placement: the step of the policy that generated them (None: colocated).
+    version: int | None = None
+    disjoint: bool = False
+
+
+def fresh_rollouts(
+    run: Run, disjoint, step, params, prompt_iter, key, generated, idle
+) -> StepRollouts:
+    """GENERATE R rollouts (G completions of each prompt) and SCORE them on the host; with
+    disjoint placement, take the sampler thread's finished ones and hand it the next."""
+    if disjoint is not None:
+        fresh, version, gen_s = disjoint.step(step, params, prompt_iter)
+        return StepRollouts(fresh or idle, fresh is not None, gen_s, version, disjoint=True)
+    if not generated:
+        return StepRollouts(idle, False, 0.0)
+    t0 = time.time()
+    c = run.spec
+    fresh = rollouts.generate_and_score(
+        run.sampler, run.task, run.tokenizer, c.rollout.group_size, params, next(prompt_iter), key
+    )
+    return StepRollouts(fresh, True, time.time() - t0)
+
+
+def add_sample_and_train(
+    run: Run, replay_state, train_state, fresh: StepRollouts, step, key, max_age
+):
+    """ADD the fresh rollouts, SAMPLE a batch, STEP the optimizer, on the devices.
+    Returns (replay_state, train_state, step_metrics, stats) on the host."""
+    made = fresh.rollouts
+    replay_state, batch, stats = run.add_and_sample(
+        replay_state,
+        made.prompt_ids,
+        made.prompt_mask,
+        made.completion,
+        jnp.asarray(made.rewards),
+        jnp.int32(step),
+        key,
+        jnp.bool_(fresh.generated),
+        jnp.int32(max_age),
+        # Disjoint: the generating policy's step, so that ages count from it.
+        jnp.int32(fresh.version if fresh.generated else step) if fresh.disjoint else None,
+    )
+    train_state, step_metrics = run.train_step(train_state, batch)
+    step_metrics, stats = jax.device_get((step_metrics, stats))
+    return replay_state, train_state, step_metrics, stats
+
+
+def nothing_generated(run: Run) -> rollouts.Fresh:
+    """What a step without fresh rollouts feeds the add-and-sample (which stores none)."""
+    c = run.spec
+    return rollouts.nothing_generated(
+        run.rollouts_per_step,
+        c.rollout.max_prompt_len,
+        c.rollout.max_new_tokens,
+        run.mesh,
+        run.rules,
+    )
+
+
+def step_record(run: Run, loop, step_rollouts: StepRollouts, stats, step_metrics, train_s, t_start):
+    """The metrics of one loop step, after accounting its cost and telling the schedule
+    what it took; seconds are process 0's on every process (auto replay plans by them)."""
+    account, schedule = loop.account, loop.schedule
+    fresh, generated = step_rollouts.rollouts, step_rollouts.generated
+    seconds = processes.from_process_zero(np.array([step_rollouts.gen_s, train_s]))
+    gen_s, train_s = (float(t) for t in seconds)
+    account_step(account, run, fresh.lengths, gen_s, train_s)
+    kept = int(stats["rollouts_kept"]) if generated else None
+    schedule.observe(
+        gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
+    )
+    return {
+        "wall_s": time.time() - t_start,
+        **account.as_dict(),
+        "mu_measured": account.mu_measured(),
+        # A step that generates nothing has no reward (nor completions) to report.
+        "reward_mean": fresh.reward_mean,
+        # Cumulative, as skipped_steps.
+        "reward_errors": loop.reward_errors,
+        **fresh.diagnostics,
+        "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
+        "skipped_steps": loop.skipped_steps,
+        **stats,
+        "rollout_entropy": float(stats["rollout_entropy"]) if generated else None,
+        **step_metrics,
+        **schedule.metrics(),
+    }
+
+
+def placement_record(disjoint, loop, step, fresh: StepRollouts, t_start):
+    """Disjoint placement's metrics: how far behind the fresh rollouts' policy was, how
+    busy each side was, the last weight transfer, and replay's realised ratio."""
+    wall = max(time.time() - t_start, 1e-9)
+    account = loop.account
+    generated = fresh.generated
+    lag = step - fresh.version if generated else None
+    # When the generation added now ran, in seconds of the run (none for one finished
+    # into a checkpoint before a resume).
+    span = disjoint.spans.pop(disjoint.consumed, None) if generated else None
+    return {
+        "gen_start_s": None if span is None else span[0] - t_start,
+        "gen_end_s": None if span is None else span[1] - t_start,
+        "policy_lag_mean": lag,
+        "policy_lag_max": lag,
+        "sampler_busy_frac": disjoint.busy_s / wall,
+        "trainer_busy_frac": account.train_s / wall,
+        "sync_s": disjoint.sync_s,
+        "sync_bytes": disjoint.sync_bytes,
+        "wait_s": disjoint.wait_s if generated else 0.0,
+        "replay_ratio_realised": account.train_rollouts / max(account.gen_rollouts, 1),
+    }
+
+
+def account_step(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:
+    """Adds one step's generation (lengths int[R] of the completions, or None when the
+    step generated nothing) and training to the cumulative compute account."""
+    c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
+    if lengths is not None:
+        account.gen_tokens += int(lengths.sum())
+        account.gen_flops += flops_lib.generate_flops(
+            run.model_config, r, c.rollout.max_prompt_len, int(lengths.max()), run.seq_len
+        )
+        account.gen_rollouts += r
+    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len)
+    account.gen_s += gen_s
+    account.train_s += train_s
+    account.train_rollouts += b
+    account.steps += 1
