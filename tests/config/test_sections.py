@@ -97,7 +97,11 @@ def test_model_and_task_split_their_own_keys_from_the_rest():
     assert dict(model.architecture) == architecture and model.max_len == architecture["max_len"]
     config = model.config()
     assert isinstance(config, model_lib.ModelConfig)
+    # lora_targets is written as a comma-separated string, held as a tuple.
+    targets = architecture.pop("lora_targets")
+    assert set(config.lora_targets) == set(targets.split(",")) and config.lora_targets
     assert all(getattr(config, k) == v for k, v in architecture.items())
+    architecture["lora_targets"] = targets
     assert model.checkpoint_overrides() == {
         k: architecture[k] for k in sections.CHECKPOINT_OVERRIDES if k in architecture
     }
