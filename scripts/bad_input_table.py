@@ -6,7 +6,7 @@ r"""Runs every bad input as a user would and writes the table of what replax say
 Each row is a real run of scripts/train.py (or export.py, evaluate.py) in a subprocess,
 on the tests' 8 simulated CPU devices:
 - settings: every entry of tests/config/test_build.py's BAD_SETTINGS, given as
-  --config.KEY=VALUE flags to configs/arith.py on the micro run of tests/runs.py;
+  --config.KEY=VALUE flags to configs/arith.py on the micro run of tests/micro_run.py;
 - files, workdirs and checkpoints: the inputs a user gets wrong on the command line.
 The row shows the run's exit status, how many non-empty lines it printed on stderr, what
 became of its workdir (and of export.py's --out) and the last of those lines. A row holds
@@ -49,9 +49,9 @@ def _tests_module(path):
     return module
 
 
-# The micro run of tests/runs.py, two steps.
+# The micro run of tests/micro_run.py, two steps.
 MICRO = [
-    *_tests_module("runs").MICRO,
+    *_tests_module("micro_run").MICRO,
     "--config.total_steps=2",
     "--config.checkpoint_every=2",
 ]

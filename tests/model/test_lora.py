@@ -320,7 +320,7 @@ def _model_config(workdir):
 # Without a decode dtype the sampler applies the adapters; with one it merges them.
 @pytest.mark.parametrize("decode_dtype", ["", "float32"])
 def test_a_disjoint_lora_run_syncs_only_the_adapters(tmp_path, decode_dtype):
-    from runs import read, run_train
+    from micro_run import read, run_train
 
     workdir = str(tmp_path / "run")
     proc = run_train(
@@ -348,7 +348,7 @@ def _check_exports(workdir, tmp_path, base_dir):
     import subprocess
     import sys
 
-    from runs import ROOT
+    from micro_run import ROOT
 
     from replax.config import spec as spec_lib
     from replax.hf import checkpoint as hf
@@ -379,7 +379,7 @@ def _check_exports(workdir, tmp_path, base_dir):
 
 
 def test_a_changed_base_refuses_to_resume_in_one_line(tmp_path):
-    from runs import run_train
+    from micro_run import run_train
 
     from replax.hf import checkpoint as hf
 

@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from runs import read, run_train
+from micro_run import read, run_train
 
 from replax.rl import placement
 from replax.run import metrics

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from runs import MICRO, ROOT, read, run_train, strip_timing
+from micro_run import MICRO, ROOT, read, run_train, strip_timing
 
 from replax.core.config_utils import ConfigError
 from replax.run import checkpoint, runtime

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from runs import MICRO, ROOT, USER_PATH, read, run_train, strip_timing
+from micro_run import MICRO, ROOT, USER_PATH, read, run_train, strip_timing
 
 from replax.rl import rollouts
 

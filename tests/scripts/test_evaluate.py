@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from runs import MICRO, ROOT, USER_PATH, read, run_train
+from micro_run import MICRO, ROOT, USER_PATH, read, run_train
 
 
 @pytest.fixture(scope="module")

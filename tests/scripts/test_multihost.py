@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from runs import MICRO, strip_timing
+from micro_run import MICRO, strip_timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "tests/counting_task.py"
