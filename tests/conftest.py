@@ -28,3 +28,22 @@ TINY = ModelConfig(
 @pytest.fixture
 def tiny_config() -> ModelConfig:
     return TINY
+
+
+def numpy_params(model, seed: int, scale: float):
+    """Random params of `model` drawn in numpy (no compile): weights ~ N(0, scale^2), norm
+    scales ~ 1 + N(0, scale^2)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), dummy, dummy))["params"]
+    rng = np.random.default_rng(seed)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: (
+            (1.0 if path[-1].key == "scale" else 0.0) + scale * rng.normal(size=x.shape)
+        ).astype(x.dtype),
+        shapes,
+    )

@@ -6,12 +6,11 @@ train step; each compile here costs seconds, so the file keeps to three.)"""
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, numpy_params
 
 from replax.model import transformer as model_lib
 from replax.rl import gradients, objectives
@@ -47,16 +46,7 @@ def make_batch(seed, prompt_lengths=(4, 2, 3, 1), completion_lengths=(6, 3, 8, 5
 
 
 def random_params(seed):
-    """Random params in numpy (no compile): weights ~ N(0, 0.2^2), norm scales ~ 1."""
-    dummy = jnp.zeros((1, 1), jnp.int32)
-    shapes = nn.unbox(jax.eval_shape(MODEL.init, jax.random.key(0), dummy, dummy))["params"]
-    rng = np.random.default_rng(seed)
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: (
-            (1.0 if path[-1].key == "scale" else 0.0) + 0.2 * rng.normal(size=x.shape)
-        ).astype(x.dtype),
-        shapes,
-    )
+    return numpy_params(MODEL, seed, scale=0.2)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ sampler over one segment: filters, left padding, meshes, compilations.)"""
 import dataclasses
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, numpy_params
 
 from replax.model import transformer as model_lib
 from replax.sampling import decode as decode_lib
@@ -32,16 +31,7 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 def random_params(seed):
-    """Random params in numpy (no compile): weights ~ N(0, 0.3^2), norm scales ~ 1."""
-    dummy = jnp.zeros((1, 1), jnp.int32)
-    shapes = nn.unbox(jax.eval_shape(MODEL.init, jax.random.key(0), dummy, dummy))["params"]
-    rng = np.random.default_rng(seed)
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: (
-            (1.0 if path[-1].key == "scale" else 0.0) + 0.3 * rng.normal(size=x.shape)
-        ).astype(x.dtype),
-        shapes,
-    )
+    return numpy_params(MODEL, seed, scale=0.3)
 
 
 @pytest.fixture(scope="module")
