@@ -19,8 +19,7 @@ import jax
 import numpy as np
 import pytest
 from checkpoints import write_qwen_style_tokenizer, write_tiny_qwen25
-
-from replax.run import metrics
+from micro_run import read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # R = 2 x 4 = 8, B = 8, N = 16: the 8 devices divide every batch. The data: the first
@@ -99,18 +98,6 @@ def train(workdir, checkpoint, data, *extra, devices=8):
         *extra,
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-
-
-def read(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-TIMING = metrics.TIMING_KEYS
-
-
-def strip_timing(records):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def export(workdir, out, *extra, devices=8):
