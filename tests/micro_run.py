@@ -10,28 +10,30 @@ from replax.run import metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A micro run: tiny policy, no warm start, a few steps; R = 8, B = 16, N = 32 so that the
-# 8 simulated devices divide every batch.
-MICRO = [
-    "--config.model.num_layers=1",
-    "--config.model.d_model=32",
-    "--config.model.num_heads=2",
-    "--config.model.num_kv_heads=1",
-    "--config.model.head_dim=16",
-    "--config.model.mlp_dim=64",
-    "--config.model.init=random",
-    "--config.task.num_train=64",
-    "--config.task.num_test=16",
-    "--config.rollout.prompts_per_step=2",
-    "--config.rollout.group_size=4",
-    "--config.train.batch_size=16",
-    "--config.replay.capacity=32",
-    "--config.eval.num_prompts=16",
-    "--config.eval.pass_k=2",
-    "--config.eval.pass_k_prompts=8",
-    "--config.eval.every=3",
-    "--config.checkpoint_every=3",
-    "--config.total_steps=6",
-]
+# 8 simulated devices divide every batch. As config keys (for tests that build the config
+# in process) and as train.py's flags.
+MICRO_OVERRIDES = {
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.num_heads": 2,
+    "model.num_kv_heads": 1,
+    "model.head_dim": 16,
+    "model.mlp_dim": 64,
+    "model.init": "random",
+    "task.num_train": 64,
+    "task.num_test": 16,
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 4,
+    "train.batch_size": 16,
+    "replay.capacity": 32,
+    "eval.num_prompts": 16,
+    "eval.pass_k": 2,
+    "eval.pass_k_prompts": 8,
+    "eval.every": 3,
+    "checkpoint_every": 3,
+    "total_steps": 6,
+}
+MICRO = [f"--config.{key}={value}" for key, value in MICRO_OVERRIDES.items()]
 
 
 def run_train(workdir, *extra, config="configs/arith.py", env=None):

@@ -6,6 +6,7 @@ import pathlib
 import re
 
 import pytest
+from micro_run import MICRO_OVERRIDES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -77,29 +78,9 @@ def readme_quick_start() -> str:
 
 
 # What makes the quick start tiny here (a test runs it): the micro policy of
-# tests/run/test_trainer.py, no warm start, 4 steps. Applied to the config as spec.parse sees it,
+# tests/micro_run.py, no warm start, 4 steps. Applied to the config as spec.parse sees it,
 # after the README's own overrides.
-TINY = {
-    "model.num_layers": 1,
-    "model.d_model": 32,
-    "model.num_heads": 2,
-    "model.num_kv_heads": 1,
-    "model.head_dim": 16,
-    "model.mlp_dim": 64,
-    "model.init": "random",
-    "task.num_train": 64,
-    "task.num_test": 16,
-    "rollout.prompts_per_step": 2,
-    "rollout.group_size": 4,
-    "train.batch_size": 16,
-    "replay.capacity": 32,
-    "eval.num_prompts": 16,
-    "eval.pass_k": 2,
-    "eval.pass_k_prompts": 8,
-    "eval.every": 2,
-    "checkpoint_every": 4,
-    "total_steps": 4,
-}
+TINY = {**MICRO_OVERRIDES, "eval.every": 2, "checkpoint_every": 4, "total_steps": 4}
 
 
 def test_the_readme_python_quick_start_runs(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from micro_run import MICRO_OVERRIDES
 
 from replax.replay import auto as auto_replay
 from replax.replay.auto import (
@@ -203,22 +204,8 @@ def test_state_round_trip_through_json():
 # ------------------------------------------------------------ the trainer in auto mode
 
 AUTO_MICRO = {
-    "model.num_layers": 1,
-    "model.d_model": 32,
-    "model.num_heads": 2,
-    "model.num_kv_heads": 1,
-    "model.head_dim": 16,
-    "model.mlp_dim": 64,
-    "model.init": "random",
-    "task.num_train": 64,
-    "task.num_test": 16,
-    "rollout.prompts_per_step": 2,
-    "rollout.group_size": 4,
-    "train.batch_size": 16,
+    **MICRO_OVERRIDES,
     "replay.capacity": 64,
-    "eval.num_prompts": 16,
-    "eval.pass_k": 2,
-    "eval.pass_k_prompts": 8,
     "eval.every": 4,
     "checkpoint_every": 4,
     "total_steps": 8,

@@ -5,6 +5,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from micro_run import MICRO_OVERRIDES
 
 from replax.replay import store as replay
 from replax.rl import rollouts
@@ -113,20 +114,9 @@ def test_first_step_train_logprobs_equal_the_samplers_behaviour_logprobs(tmp_pat
 
     c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "onpolicy")
     for key, value in {
-        "model.num_layers": 1,
-        "model.d_model": 32,
-        "model.num_heads": 2,
-        "model.num_kv_heads": 1,
-        "model.head_dim": 16,
-        "model.mlp_dim": 64,
-        "model.init": "random",
-        "task.num_train": 64,
-        "task.num_test": 16,
-        "rollout.prompts_per_step": 2,
-        "rollout.group_size": 4,
+        **MICRO_OVERRIDES,
         "train.batch_size": 8,
         "replay.capacity": 8,
-        "eval.num_prompts": 16,
         "eval.every": 0,
         "total_steps": 1,
     }.items():

@@ -25,22 +25,27 @@ def write_steps(workdir, steps, resume_step=-1):
     writer.close()
 
 
-def read_scalars(workdir):
-    """(tag, step, value) of every scalar in the TensorBoard event files: TFRecord
-    framing (uint64 length, uint32 crc, payload, uint32 crc) around Event protos."""
+def read_events(workdir):
+    """Every Event proto in the TensorBoard event files, in order: TFRecord framing
+    (uint64 length, uint32 crc, payload, uint32 crc) around each."""
     tb_dir = os.path.join(workdir, "tensorboard")
-    scalars = []
     for name in sorted(os.listdir(tb_dir)):
         with open(os.path.join(tb_dir, name), "rb") as f:
             blob = f.read()
         pos = 0
         while pos < len(blob):
             (length,) = struct.unpack("<Q", blob[pos : pos + 8])
-            event = event_pb2.Event.FromString(blob[pos + 12 : pos + 12 + length])
+            yield event_pb2.Event.FromString(blob[pos + 12 : pos + 12 + length])
             pos += 12 + length + 4
-            for value in event.summary.value:
-                scalars.append((value.tag, event.step, value.simple_value))
-    return scalars
+
+
+def read_scalars(workdir):
+    """(tag, step, value) of every scalar in the TensorBoard event files."""
+    return [
+        (value.tag, event.step, value.simple_value)
+        for event in read_events(workdir)
+        for value in event.summary.value
+    ]
 
 
 def test_write_appends_one_json_line_per_call_with_plain_values(tmp_path):
@@ -193,20 +198,12 @@ def read_samples(workdir):
 
 def read_texts(workdir):
     """(tag, step, text) of every text summary in the TensorBoard event files."""
-    tb_dir = os.path.join(workdir, "tensorboard")
-    texts = []
-    for name in sorted(os.listdir(tb_dir)):
-        with open(os.path.join(tb_dir, name), "rb") as f:
-            blob = f.read()
-        pos = 0
-        while pos < len(blob):
-            (length,) = struct.unpack("<Q", blob[pos : pos + 8])
-            event = event_pb2.Event.FromString(blob[pos + 12 : pos + 12 + length])
-            pos += 12 + length + 4
-            for value in event.summary.value:
-                if value.tensor.string_val:
-                    texts.append((value.tag, event.step, value.tensor.string_val[0].decode()))
-    return texts
+    return [
+        (value.tag, event.step, value.tensor.string_val[0].decode())
+        for event in read_events(workdir)
+        for value in event.summary.value
+        if value.tensor.string_val
+    ]
 
 
 def test_samples_go_to_samples_jsonl_with_their_step_and_to_tensorboard_as_text(tmp_path):

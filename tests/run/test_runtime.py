@@ -19,25 +19,6 @@ from replax.core.config_utils import ConfigError
 from replax.run import checkpoint, runtime
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """One persistent compilation cache for the module's train.py processes: every rerun
-    loads the programs the first run compiled (a restart's cost is then mostly start-up)."""
-    names = {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-    previous = {name: os.environ.get(name) for name in names}
-    os.environ.update(names)
-    yield
-    for name, value in previous.items():
-        if value is None:
-            os.environ.pop(name)
-        else:
-            os.environ[name] = value
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The micro run, uninterrupted."""

@@ -31,18 +31,6 @@ STEPS = [
 ]
 
 
-# One persistent compilation cache for the module's runs: a resumed run, and a run that
-# shares programs with an earlier one, load them instead of compiling again.
-_CACHE = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    _CACHE["dir"] = str(tmp_path_factory.mktemp("jax_cache"))
-    yield
-    _CACHE.clear()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -62,13 +50,16 @@ def _command(workdir, logs, extra):
 
 
 def _env(devices, **variables):
+    # The test run's compilation cache (tests/conftest.py) is kept: a resumed run, and a
+    # run that shares programs with an earlier one, load them instead of compiling again.
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env.update(
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         JAX_PLATFORMS="cpu",
         JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
-        JAX_COMPILATION_CACHE_DIR=_CACHE["dir"],
+        JAX_COMPILATION_CACHE_DIR=os.environ["JAX_COMPILATION_CACHE_DIR"],
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         **variables,
     )
     return env
