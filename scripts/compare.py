@@ -72,7 +72,10 @@ Transfer (not a target): --transfer_gsm8k=FILE (GSM8K's test split, e.g. llm-mat
 data/gsm8k/test.jsonl) measures greedy accuracy on its --transfer_prompts (64) shortest
 questions, GSM8K's instruction, --transfer_max_new_tokens (128), of the base policy and of
 each variant's runs at its chosen rate (their last checkpoints; cached in each run's
-transfer_gsm8kN.json, the base's in DIR/transfer_base_gsm8kN.json).
+transfer_gsm8kN.json, the base's in DIR/transfer_base_gsm8kN.json). Checkpoints stay on
+the machine that made them, so a grid run is measured as soon as it finishes if it leads
+the grid so far (the rate finally chosen always did), and a seed at the chosen rate as
+soon as it finishes; with --commit_runs the figure is kept at once.
 """
 
 from __future__ import annotations
@@ -319,6 +322,7 @@ class Plan:
                 except config_utils.ConfigError as e:
                     where = f" with --final_pass_k_prompts={final_prompts}" if final_prompts else ""
                     raise config_utils.ConfigError(f"variant {v}{where}: {e}") from None
+        Transfer(self).validate()
 
 
 def choose_lr(grid: list[dict], select_by: str) -> dict:
@@ -348,7 +352,7 @@ def beyond_edge(rates: list[float], edge: str, factor: float) -> list[float]:
     return [r for r in out if r not in rates]
 
 
-def select_lr(plan: Plan, variant: str, log=print) -> dict:
+def select_lr(plan: Plan, variant: str, log=print, transfer: Transfer | None = None) -> dict:
     """Runs the variant's rate grid on the selection seed and picks the best rate by
     --select_by. A best rate at the grid's edge is reported; with --extend_lr_grid the grid
     grows by the next rate past that edge (--lr_extend_factor) until the best is inside it,
@@ -363,6 +367,8 @@ def select_lr(plan: Plan, variant: str, log=print) -> dict:
             records, base = analysis.load_run(dirs[lr])
             s = analysis.summarize_run(records, base_accuracy=base)
             by_rate[lr] = {"lr": lr, **{k: s[k] for k in ("final_accuracy", "mean_accuracy")}}
+            if transfer:
+                transfer.may_be_chosen(variant, lr, by_rate, dirs[lr])
         grid = [by_rate[lr] for lr in sorted(rates)]
         best = choose_lr(grid, args.select_by)
         edge = lr_edge(rates, best["lr"])
@@ -385,12 +391,13 @@ def select_lr(plan: Plan, variant: str, log=print) -> dict:
     return {"grid": grid, "best": best, "edge": edge, "added": added, "dirs": dirs}
 
 
-def run_all(plan: Plan, log=print):
-    """Runs (or finds, with --reuse) the grid and the seeds. Returns {variant: {lr_grid,
-    lr, lr_edge, lr_added, runs: [(seed, dir)], kept: [(lr, seed, dir)], final_evals}}."""
+def run_all(plan: Plan, log=print, transfer: Transfer | None = None):
+    """Runs (or finds, with --reuse) the grid and the seeds, each run's transfer measured
+    while its checkpoints are here (`Transfer`). Returns {variant: {lr_grid, lr, lr_edge,
+    lr_added, runs: [(seed, dir)], kept: [(lr, seed, dir)], final_evals}}."""
     out = {}
     for v in plan.variants:
-        chosen = select_lr(plan, v, log=log)
+        chosen = select_lr(plan, v, log=log, transfer=transfer)
         lr = chosen["best"]["lr"]
         kept = [(rate, plan.args.select_seed, d) for rate, d in chosen["dirs"].items()]
         runs, finals = [], []
@@ -399,6 +406,8 @@ def run_all(plan: Plan, log=print):
             if seed != plan.args.select_seed:
                 kept.append((lr, seed, workdir))
             runs.append((seed, workdir))
+            if transfer and transfer.enabled:
+                transfer.of_run(v, lr, seed, workdir)
             if plan.args.final_pass_k_prompts:
                 n = plan.args.final_pass_k_prompts
                 finals.append(ex.final_evaluation(plan.spec(v, lr, seed), workdir, n, log=log))
@@ -418,112 +427,157 @@ TRANSFER_BASE = "transfer_base_gsm8k{n}.json"
 TRANSFER_RUN = "transfer_gsm8k{n}.json"
 
 
-def transfer(plan: Plan, results, log=print) -> dict | None:
+class Transfer:
     """--transfer_gsm8k: greedy accuracy on the --transfer_prompts shortest questions of a
-    GSM8K test file of the base policy and of each variant's runs at its chosen rate (their
-    last checkpoints), each cached beside its run (TRANSFER_RUN; the base's in the study's
-    directory, TRANSFER_BASE) so that kept runs carry it. A run with neither the cached
-    file nor checkpoints (a kept run from elsewhere) has None."""
-    args = plan.args
-    if not args.transfer_gsm8k:
-        return None
-    n = args.transfer_prompts
-    data_file = os.path.join(plan.workdir, "transfer", f"gsm8k_shortest{n}.jsonl")
-    settings = {
-        "data": args.transfer_gsm8k,
-        "prompts": n,
-        "max_new_tokens": args.transfer_max_new_tokens,
-        "max_prompt_len": args.transfer_max_prompt_len,
-    }
+    GSM8K test file, of the base policy and of a run's last checkpoint, each cached as JSON
+    (TRANSFER_RUN beside the run, TRANSFER_BASE in the study's directory) and, with
+    --commit_runs, kept at once. Checkpoints stay on the machine that made them, so a run
+    that may be chosen is measured as soon as it finishes (`may_be_chosen`): a study
+    carried on elsewhere still has the figure. A run with neither the cached file nor
+    checkpoints has None."""
 
-    def spec_of(spec):
-        if not os.path.exists(data_file):
-            transfer_lib.shortest_questions(args.transfer_gsm8k, n, data_file)
-        os.makedirs(os.path.join(plan.workdir, "transfer", "data"), exist_ok=True)
+    def __init__(self, plan: Plan, log=print):
+        self.plan, self.log = plan, log
+        args = plan.args
+        self.enabled = bool(args.transfer_gsm8k)
+        self.n = args.transfer_prompts
+        self.data_file = os.path.join(plan.workdir, "transfer", f"gsm8k_shortest{self.n}.jsonl")
+        self.settings = {
+            "data": args.transfer_gsm8k,
+            "prompts": self.n,
+            "max_new_tokens": args.transfer_max_new_tokens,
+            "max_prompt_len": args.transfer_max_prompt_len,
+        }
+
+    def _spec(self, spec: spec_lib.RunSpec) -> spec_lib.RunSpec:
+        args = self.plan.args
+        if not os.path.exists(self.data_file):
+            transfer_lib.shortest_questions(args.transfer_gsm8k, self.n, self.data_file)
+        data_dir = os.path.join(self.plan.workdir, "transfer", "data")
+        os.makedirs(data_dir, exist_ok=True)
         return transfer_lib.transfer_spec(
             spec,
-            data_file,
-            num_prompts=n,
+            self.data_file,
+            num_prompts=self.n,
             max_prompt_len=args.transfer_max_prompt_len,
             max_new_tokens=args.transfer_max_new_tokens,
-            data_dir=os.path.join(plan.workdir, "transfer", "data"),
+            data_dir=data_dir,
         )
 
-    def cached(path, evaluate):
+    def validate(self) -> None:
+        """Every variant's transfer evaluation built (all of a run's checks) before any run:
+        a setting it cannot take fails now, not after the runs it would measure."""
+        if not self.enabled:
+            return
+        from replax.config import build as configuration
+
+        plan = self.plan
+        for v in plan.variants:
+            spec = plan.spec(v, plan.lr_grid[v][0], plan.args.select_seed)
+            try:
+                configuration.build(self._spec(spec))
+            except (config_utils.ConfigError, ValueError, OSError) as e:
+                message = str(e).splitlines()[0]
+                raise config_utils.ConfigError(
+                    f"--transfer_gsm8k, variant {v}: {message}"
+                ) from None
+
+    def _cached(self, path: str, evaluate) -> float | None:
         if os.path.exists(path):
             with open(path) as f:
                 kept = json.load(f)
             # A figure of other transfer settings is measured again (or None without them).
-            if all(kept.get(k) == settings[k] for k in settings if k != "data"):
+            if all(kept.get(k) == self.settings[k] for k in self.settings if k != "data"):
                 return kept["eval_accuracy"]
-        result = evaluate()
+        result = None if self.plan.args.assemble_only else evaluate()
         if result is None:
             return None
-        report_lib.write_json(path, {**settings, **result})
-        log(f"transfer: {result['eval_accuracy']:.3f} -> {path}")
+        report_lib.write_json(path, {**self.settings, **result})
+        self.log(f"transfer: {result['eval_accuracy']:.3f} -> {path}")
         return result["eval_accuracy"]
 
-    first = plan.variants[0]
-    base_spec = plan.spec(first, results[first]["lr"], plan.seeds[0])
-    base_name = TRANSFER_BASE.format(n=n)
-    base_path = next(
-        (
-            os.path.join(root, base_name)
-            for root in args.reuse
-            if os.path.exists(os.path.join(root, base_name))
-        ),
-        os.path.join(plan.workdir, base_name),
-    )
-    base = cached(
-        base_path,
-        lambda: (
-            None
-            if args.assemble_only
-            else transfer_lib.transfer_evaluation(
-                base_spec, spec_of(base_spec), os.path.join(plan.workdir, "transfer"), base=True
-            )
-        ),
-    )
-    variants = {}
-    for v, res in results.items():
-        per_seed = []
-        for seed, d in res["runs"]:
-            spec = plan.spec(v, res["lr"], seed)
+    def of_run(self, variant: str, lr: float, seed: int, run_dir: str) -> float | None:
+        """The run's figure: cached, or measured from its last checkpoint and kept."""
+        spec = self.plan.spec(variant, lr, seed)
 
-            def evaluate(spec=spec, d=d):
-                if args.assemble_only or not os.path.isdir(os.path.join(d, "checkpoints")):
-                    log(f"transfer: {d} has neither {TRANSFER_RUN.format(n=n)} nor checkpoints")
-                    return None
-                return transfer_lib.transfer_evaluation(spec, spec_of(spec), d)
+        def evaluate():
+            if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
+                self.log(f"transfer: {run_dir} has neither {TRANSFER_RUN.format(n=self.n)} "
+                         "nor checkpoints")  # fmt: skip
+                return None
+            return transfer_lib.transfer_evaluation(spec, self._spec(spec), run_dir)
 
-            per_seed.append(cached(os.path.join(d, TRANSFER_RUN.format(n=n)), evaluate))
-        variants[v] = {
-            "eval_accuracy": analysis.median(per_seed, none_is_inf=False),
-            "per_seed": per_seed,
+        path = os.path.join(run_dir, TRANSFER_RUN.format(n=self.n))
+        fresh = not os.path.exists(path)
+        accuracy = self._cached(path, evaluate)
+        if fresh and accuracy is not None:
+            self.plan.keep(variant, lr, seed, run_dir)
+        return accuracy
+
+    def may_be_chosen(self, variant: str, lr: float, grid: dict, run_dir: str) -> None:
+        """Measures a grid run that has just finished here if it leads the runs finished so
+        far (`grid`: {lr: its figures}) by --select_by: the rate finally chosen leads when
+        it finishes, so its figure exists wherever the study goes on."""
+        chosen = choose_lr(list(grid.values()), self.plan.args.select_by)
+        if self.enabled and chosen["lr"] == lr:
+            self.of_run(variant, lr, self.plan.args.select_seed, run_dir)
+
+    def of_base(self) -> float | None:
+        plan, name = self.plan, TRANSFER_BASE.format(n=self.n)
+        path = next(
+            (
+                os.path.join(r, name)
+                for r in plan.args.reuse
+                if os.path.exists(os.path.join(r, name))
+            ),
+            os.path.join(plan.workdir, name),
+        )
+        first = plan.variants[0]
+        spec = plan.spec(first, plan.lr_grid[first][0], plan.args.select_seed)
+        where = os.path.join(plan.workdir, "transfer")
+        accuracy = self._cached(
+            path, lambda: transfer_lib.transfer_evaluation(spec, self._spec(spec), where, base=True)
+        )
+        if (
+            accuracy is not None
+            and plan.args.commit_runs
+            and path != os.path.join(plan.args.commit_runs, name)
+        ):
+            os.makedirs(plan.args.commit_runs, exist_ok=True)
+            shutil.copyfile(path, os.path.join(plan.args.commit_runs, name))
+        return accuracy
+
+    def report(self, results) -> dict | None:
+        """The base's figure and each variant's runs at its chosen rate (median, per seed)."""
+        if not self.enabled:
+            return None
+        base = self.of_base()
+        variants = {}
+        for v, res in results.items():
+            per_seed = [self.of_run(v, res["lr"], seed, d) for seed, d in res["runs"]]
+            variants[v] = {
+                "eval_accuracy": analysis.median(per_seed, none_is_inf=False),
+                "per_seed": per_seed,
+            }
+        return {
+            **self.settings,
+            "data": os.path.basename(self.settings["data"]),
+            "base": base,
+            "variants": variants,
         }
-    return {
-        **settings,
-        "data": os.path.basename(args.transfer_gsm8k),
-        "base": base,
-        "variants": variants,
-    }
 
 
 def commit_runs(plan: Plan, results, out_dir: str, log=print) -> list[str]:
     """--commit_runs: every run the study used (grid and seeds) copied into
     out_dir/RUN_NAME/ by run_store.keep (metrics, config, summary, cached evaluations):
-    each was when it finished (Plan.keep), and is again for the evaluations cached since;
-    the base's transfer figure beside them. Returns the run names."""
+    each was when it finished (Plan.keep), and is again for the evaluations cached since
+    (the base's transfer figure is kept by Transfer). Returns the run names."""
     names = []
     for v, res in results.items():
         for lr, seed, d in res["kept"]:  # again: the evaluations cached since
             name = run_store.run_name(v, lr, seed, plan.spec(v, lr, seed).to_dict())
             run_store.keep(d, os.path.join(out_dir, name))
             names.append(name)
-    os.makedirs(out_dir, exist_ok=True)
-    for name in os.listdir(plan.workdir):
-        if name.startswith("transfer_base_"):
-            shutil.copyfile(os.path.join(plan.workdir, name), os.path.join(out_dir, name))
     log(f"kept {len(names)} runs in {out_dir}")
     return names
 
@@ -1007,8 +1061,9 @@ def main(argv=None) -> int:
     os.makedirs(plan.workdir, exist_ok=True)
     try:  # a run --assemble_only cannot find, or a kept run lacking a cached evaluation
         with ex.compilation_cache(ex.cache_dir(args.compilation_cache, plan.workdir)):
-            results = run_all(plan)
-            transferred = transfer(plan, results)
+            transfer = Transfer(plan)
+            results = run_all(plan, transfer=transfer)
+            transferred = transfer.report(results)
     except config_utils.ConfigError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -294,8 +294,20 @@ def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
     chosen = compare.select_lr(plan, "onpolicy", log=lines.append)
     assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (1e-4, "low", [])
     assert "at the grid's low edge" in lines[-1] and "--extend_lr_grid" in lines[-1]
-    chosen = compare.select_lr(plan_of("--extend_lr_grid"), "onpolicy", log=lines.append)
+    # The transfer (checkpoints stay on the machine) measures a run as soon as it finishes
+    # if it leads the runs finished so far: 1e-4 (0.4), not 3e-4 (0.2), 3e-5 (0.5), not 1e-5.
+    measured = []
+
+    class Recording(compare.Transfer):
+        def of_run(self, variant, lr, seed, run_dir):
+            measured.append(lr)
+
+    plan = plan_of("--extend_lr_grid")
+    transfer = Recording(plan)
+    transfer.enabled = True
+    chosen = compare.select_lr(plan, "onpolicy", log=lines.append, transfer=transfer)
     assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (3e-5, None, [3e-5, 1e-5])
+    assert measured == [1e-4, 3e-5]
     assert [g["lr"] for g in chosen["grid"]] == [1e-5, 3e-5, 1e-4, 3e-4]
     # At most --max_lr_extensions rates are added; the edge is then still reported.
     plan = plan_of("--extend_lr_grid", "--max_lr_extensions=1")
@@ -343,6 +355,18 @@ def test_override_parsing_and_bad_flags(tmp_path, capsys):
     assert compare.main([f"--workdir={workdir}", "--final_pass_k_prompts=3", *micro]) == 2
     assert "--final_pass_k_prompts=3" in capsys.readouterr().err
     assert not (workdir / "runs").exists()
+    # So do the transfer's 4 prompts, and a transfer file that is not there.
+    questions = tmp_path / "gsm8k_test.jsonl"
+    write_questions(questions, 12)
+    for flags, named in (
+        ([f"--transfer_gsm8k={questions}", "--transfer_prompts=4"], "eval.num_prompts=4"),
+        ([f"--transfer_gsm8k={tmp_path / 'none.jsonl'}"], "none.jsonl"),
+        ([f"--transfer_gsm8k={questions}", "--transfer_prompts=16"], "fewer than 16"),
+    ):
+        assert compare.main([f"--workdir={workdir}", *flags, *micro]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --transfer_gsm8k, variant onpolicy: ") and named in err, err
+        assert not (workdir / "runs").exists()
 
 
 def test_config_flags_as_train_py_takes_them(tmp_path, capsys):
@@ -489,8 +513,24 @@ def test_compare_end_to_end_on_a_micro_config(tmp_path, capsys):
     assert "| onpolicy |" in (workdir / "compare.md").read_text()
     # One warm start per seed, shared by both variants; one dataset.
     assert len(os.listdir(workdir / "base")) == 2
+    # Each run's transfer is measured as soon as it finishes, while its checkpoints are on
+    # this machine, and kept at once; the base's at the end.
+    said = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("running", "transfer:"))
+    ]
+    runs = [
+        f"{v}/lr{lr}/seed{seed}"
+        for v, lr in (("onpolicy", "0.0001"), ("replay", "3e-05"))
+        for seed in (0, 1)
+    ]
+    assert len(said) == 9, said
+    for i, run in enumerate(runs):
+        assert said[2 * i].startswith("running") and f"/runs/{run} (" in said[2 * i], said
+        assert said[2 * i + 1].endswith(f"/runs/{run}/transfer_gsm8k16.json"), said
+    assert said[-1].endswith("/transfer_base_gsm8k16.json"), said
     # A rerun skips the finished runs.
-    capsys.readouterr()
     assert compare.main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("done already") == 6  # the selection seed is asked twice
