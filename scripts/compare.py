@@ -406,7 +406,7 @@ def run_all(plan: Plan, log=print, transfer: Transfer | None = None):
             if seed != plan.args.select_seed:
                 kept.append((lr, seed, workdir))
             runs.append((seed, workdir))
-            if transfer and transfer.enabled:
+            if transfer:
                 transfer.of_run(v, lr, seed, workdir)
             if plan.args.final_pass_k_prompts:
                 n = plan.args.final_pass_k_prompts
@@ -439,7 +439,6 @@ class Transfer:
     def __init__(self, plan: Plan, log=print):
         self.plan, self.log = plan, log
         args = plan.args
-        self.enabled = bool(args.transfer_gsm8k)
         self.n = args.transfer_prompts
         self.data_file = os.path.join(plan.workdir, "transfer", f"gsm8k_shortest{self.n}.jsonl")
         self.settings = {
@@ -467,7 +466,7 @@ class Transfer:
     def validate(self) -> None:
         """Every variant's transfer evaluation built (all of a run's checks) before any run:
         a setting it cannot take fails now, not after the runs it would measure."""
-        if not self.enabled:
+        if not self.plan.args.transfer_gsm8k:
             return
         from replax.config import build as configuration
 
@@ -518,8 +517,7 @@ class Transfer:
         """Measures a grid run that has just finished here if it leads the runs finished so
         far (`grid`: {lr: its figures}) by --select_by: the rate finally chosen leads when
         it finishes, so its figure exists wherever the study goes on."""
-        chosen = choose_lr(list(grid.values()), self.plan.args.select_by)
-        if self.enabled and chosen["lr"] == lr:
+        if choose_lr(list(grid.values()), self.plan.args.select_by)["lr"] == lr:
             self.of_run(variant, lr, self.plan.args.select_seed, run_dir)
 
     def of_base(self) -> float | None:
@@ -547,10 +545,8 @@ class Transfer:
             shutil.copyfile(path, os.path.join(plan.args.commit_runs, name))
         return accuracy
 
-    def report(self, results) -> dict | None:
+    def report(self, results) -> dict:
         """The base's figure and each variant's runs at its chosen rate (median, per seed)."""
-        if not self.enabled:
-            return None
         base = self.of_base()
         variants = {}
         for v, res in results.items():
@@ -1061,9 +1057,9 @@ def main(argv=None) -> int:
     os.makedirs(plan.workdir, exist_ok=True)
     try:  # a run --assemble_only cannot find, or a kept run lacking a cached evaluation
         with ex.compilation_cache(ex.cache_dir(args.compilation_cache, plan.workdir)):
-            transfer = Transfer(plan)
+            transfer = Transfer(plan) if args.transfer_gsm8k else None
             results = run_all(plan, transfer=transfer)
-            transferred = transfer.report(results)
+            transferred = transfer.report(results) if transfer else None
     except config_utils.ConfigError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -303,9 +303,7 @@ def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
             measured.append(lr)
 
     plan = plan_of("--extend_lr_grid")
-    transfer = Recording(plan)
-    transfer.enabled = True
-    chosen = compare.select_lr(plan, "onpolicy", log=lines.append, transfer=transfer)
+    chosen = compare.select_lr(plan, "onpolicy", log=lines.append, transfer=Recording(plan))
     assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (3e-5, None, [3e-5, 1e-5])
     assert measured == [1e-4, 3e-5]
     assert [g["lr"] for g in chosen["grid"]] == [1e-5, 3e-5, 1e-4, 3e-4]
