@@ -341,6 +341,11 @@ def lr_edge(rates: list[float], best: float) -> str | None:
     return "both" if low and high else "low" if low else "high" if high else None
 
 
+def edge_words(edge: str) -> str:
+    """The edge as a phrase: a one-rate grid's rate is at both of its edges."""
+    return "the grid's only rate" if edge == "both" else f"at the grid's {edge} edge"
+
+
 def beyond_edge(rates: list[float], edge: str, factor: float) -> list[float]:
     """The next rates past the edge, a factor down from the lowest and / or up from the
     highest, rounded to one significant digit as the default grid is."""
@@ -375,7 +380,7 @@ def select_lr(plan: Plan, variant: str, log=print, transfer: Transfer | None = N
         more = beyond_edge(rates, edge, args.lr_extend_factor) if edge else []
         if not (more and args.extend_lr_grid and len(added) < args.max_lr_extensions):
             break
-        log(f"{variant}: best rate {best['lr']:g} at the grid's {edge} edge; adding {more}")
+        log(f"{variant}: best rate {best['lr']:g} {edge_words(edge)}; adding {more}")
         rates += more
         added += more
     log(
@@ -384,7 +389,7 @@ def select_lr(plan: Plan, variant: str, log=print, transfer: Transfer | None = N
     )
     if edge:
         log(
-            f"{variant}: the chosen rate {best['lr']:g} is at the grid's {edge} edge "
+            f"{variant}: the chosen rate {best['lr']:g} is {edge_words(edge)} "
             f"({sorted(rates)}): a rate past it may be better"
             + ("" if args.extend_lr_grid else " (--extend_lr_grid tries it)")
         )
@@ -888,7 +893,7 @@ def details(payload) -> str:
             for g in grid
         )
         edge = payload.get("lr_edge", {}).get(v)
-        where = f"AT THE GRID'S {edge.upper()} EDGE" if edge else "inside the grid"
+        where = edge_words(edge).upper() if edge else "inside the grid"
         added = payload.get("lr_added", {}).get(v)
         more = f"; extended by {', '.join(f'{r:g}' for r in added)}" if added else ""
         lines.append(f"- {v}: chose {payload['lr_chosen'][v]:g}, {where}{more}; tried {tried}")
@@ -945,12 +950,18 @@ def details(payload) -> str:
             f"{report_lib.fmt(t['base'], 'pct')}; "
             + "; ".join(
                 f"{v} {report_lib.fmt(r['eval_accuracy'], 'pct')} (per seed "
-                f"{', '.join(report_lib.fmt(a, 'pct') for a in r['per_seed'])})"
+                f"{', '.join(transfer_cell(a) for a in r['per_seed'])})"
                 for v, r in t["variants"].items()
             )
             + ".",
         ]
     return "\n".join(lines) + "\n"
+
+
+def transfer_cell(accuracy) -> str:
+    """A seed's transfer figure; None is a run whose checkpoints were gone when it was
+    measured (a kept run without its transfer file), not a run that scored nothing."""
+    return "not measured" if accuracy is None else report_lib.fmt(accuracy, "pct")
 
 
 def plot(payload, curves, path: str) -> None:

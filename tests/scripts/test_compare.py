@@ -312,12 +312,24 @@ def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
     chosen = compare.select_lr(plan, "onpolicy", log=lines.append)
     assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (3e-5, "low", [3e-5])
     payload_grid = {"onpolicy": chosen["grid"]}
-    text = compare.details(
-        {"select_seed": 0, "select_by": "mean", "lr_grid": payload_grid,
-         "lr_chosen": {"onpolicy": 3e-5}, "lr_edge": {"onpolicy": "low"},
-         "lr_added": {"onpolicy": [3e-5]}, "variants": {}}
-    )  # fmt: skip
+    text = compare.details(payload_grid_args(payload_grid))
     assert "- onpolicy: chose 3e-05, AT THE GRID'S LOW EDGE; extended by 3e-05" in text
+    # A one-rate grid (a study at chosen rates) has its rate at both edges: said so.
+    assert compare.lr_edge([1e-5], 1e-5) == "both"
+    assert compare.edge_words("both") == "the grid's only rate"
+    # A kept run without its transfer file is "not measured", not "never" (a cost's word).
+    transfer = {"prompts": 64, "data": "test.jsonl", "max_new_tokens": 128, "base": 0.016,
+                "variants": {"onpolicy": {"eval_accuracy": 0.008,
+                                          "per_seed": [None, 0.0, 0.016]}}}  # fmt: skip
+    text = compare.details({**payload_grid_args(payload_grid), "transfer": transfer})
+    assert "onpolicy 0.8% (per seed not measured, 0.0%, 1.6%)" in text
+
+
+def payload_grid_args(grid):
+    """A payload for compare.details with on-policy's grid and no runs."""
+    return {"select_seed": 0, "select_by": "mean", "lr_grid": grid,
+            "lr_chosen": {"onpolicy": 3e-5}, "lr_edge": {"onpolicy": "low"},
+            "lr_added": {"onpolicy": [3e-5]}, "variants": {}}  # fmt: skip
 
 
 def test_statistics_helpers():
