@@ -921,6 +921,11 @@ def details(payload) -> str:
             for seed, a, b in zip(vs["seeds"], vs["inference_ratio"], vs["compute_ratio"])
         )
         pairs, spread = vs["ahead_pairs"], vs["seed_spread"]
+        verdict = {
+            True: "the difference EXCEEDS the seed spread",
+            False: "the difference does NOT exceed the seed spread",
+            None: "one seed on a side, so no seed spread to weigh the difference against",
+        }[spread["exceeds"]]
         lines += [
             "",
             f"{v} against {REFERENCE}: inference / compute ratio per seed: {ratios}.",
@@ -929,8 +934,7 @@ def details(payload) -> str:
             f"Seed spread: {v} minus {REFERENCE} median final accuracy "
             f"{points(spread['difference'])}; the larger seed range (max - min) "
             f"{points(spread['spread'])[1:]} ({v} {100 * spread['candidate_range']:.1f}, "
-            f"{REFERENCE} {100 * spread['reference_range']:.1f}): the difference "
-            f"{'EXCEEDS' if spread['exceeds'] else 'does NOT exceed'} the seed spread.",
+            f"{REFERENCE} {100 * spread['reference_range']:.1f}): {verdict}.",
         ]
     levels = payload.get("entropy_levels") or []
     if levels:

@@ -341,7 +341,8 @@ def seed_spread(candidate_finals, reference_finals) -> dict[str, Any]:
     """Whether the candidate-minus-reference difference of median final accuracies exceeds
     the seed spread, defined as the larger of the two variants' seed ranges (max - min
     over seeds): with few seeds a difference smaller than how far one variant's own seeds
-    lie apart is not told from the draw of the seeds."""
+    lie apart is not told from the draw of the seeds. With one seed on either side there is
+    no range to compare with: `exceeds` is None, not a verdict from a zero range."""
     ranges = [max(v) - min(v) for v in (candidate_finals, reference_finals)]
     difference = float(np.median(candidate_finals) - np.median(reference_finals))
     spread = float(max(ranges))
@@ -350,5 +351,9 @@ def seed_spread(candidate_finals, reference_finals) -> dict[str, Any]:
         "candidate_range": float(ranges[0]),
         "reference_range": float(ranges[1]),
         "spread": spread,
-        "exceeds": abs(difference) > spread,
+        "exceeds": (
+            abs(difference) > spread
+            if min(len(candidate_finals), len(reference_finals)) > 1
+            else None
+        ),
     }

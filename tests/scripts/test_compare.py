@@ -266,6 +266,9 @@ def test_ahead_pairs_interpolate_at_the_references_tokens():
     # On-policy's seeds 0.1 to 0.4 apart (0.3) span more than the +15 points.
     spread = analysis.seed_spread([0.4, 0.45, 0.5], [0.1, 0.3, 0.4])
     assert spread["spread"] == pytest.approx(0.3) and not spread["exceeds"]
+    # One seed a side: a range of 0 is no spread, so no verdict (not "exceeds").
+    spread = analysis.seed_spread([0.4], [0.3])
+    assert spread["spread"] == 0.0 and spread["exceeds"] is None
 
 
 def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
