@@ -103,12 +103,9 @@ class Attention(nn.Module):
         if layer_cache is not None:
             # Write this call's keys/values at slots [cache_index, cache_index + T) and
             # attend over the whole cache; the mask hides empty and padding slots.
-            k = jax.lax.dynamic_update_slice(
-                layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, 0, cache_index, 0)
-            )
-            v = jax.lax.dynamic_update_slice(
-                layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, 0, cache_index, 0)
-            )
+            # cache_index int32[B] (the rollout engine): each row writes at its own slot.
+            k = _write_cache(layer_cache["k"], k, cache_index)
+            v = _write_cache(layer_cache["v"], v, cache_index)
             new_cache = {"k": k, "v": v}
             k, v = k.astype(dt), v.astype(dt)
 
@@ -125,6 +122,16 @@ class Attention(nn.Module):
             self, "o", out, wo, ("heads", "head_dim"), ("embed",), cfg
         )  # [B, T, E]
         return out, new_cache
+
+
+def _write_cache(cache, x, cache_index):
+    """cache [B, KV, S, D] with x [B, KV, T, D] written at slots [i, i + T): i a scalar for
+    every row, or int32[B] one per row (a scatter of each row's own slice)."""
+    x = x.astype(cache.dtype)
+    if jnp.ndim(cache_index) == 0:
+        return jax.lax.dynamic_update_slice(cache, x, (0, 0, cache_index, 0))
+    row = lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, i, 0))
+    return jax.vmap(row)(cache, x, cache_index)
 
 
 class MLP(nn.Module):
@@ -191,8 +198,9 @@ class Transformer(nn.Module):
         return_hidden=False,
     ):
         # tokens, positions: [B, T] int32. Full forward: mask [B, T] marks valid tokens.
-        # Step forward: cache (see init_cache), cache_index scalar int32 (first slot
-        # written), kv_mask [B, S] marks valid cache slots (False for prompt padding).
+        # Step forward: cache (see init_cache), cache_index int32 scalar or [B] (first
+        # slot written, for all rows or per row), kv_mask [B, S] marks valid cache slots
+        # (False for prompt padding).
         # return_hidden: return the final-normed states [B, T, E] (compute dtype) in
         # place of the logits; `dense(hidden, output_head(params, config))` gives them.
         cfg = self.config
@@ -224,9 +232,10 @@ class Transformer(nn.Module):
             attn_mask = kv_mask[:, :t]  # [B, T]
         else:
             s = jax.tree_util.tree_leaves(cache)[0].shape[-2]
-            query_slot = cache_index + jnp.arange(t)  # [T]
-            causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # [T, S]
-            attn_mask = causal[None] & kv_mask[:, None, :]  # [B, T, S]
+            # [T] with one cache_index for all rows, [B, T] with one per row.
+            query_slot = jnp.asarray(cache_index)[..., None] + jnp.arange(t)
+            causal = jnp.arange(s) <= query_slot[..., None]  # [T, S] or [B, T, S]
+            attn_mask = jnp.broadcast_to(causal, (b, t, s)) & kv_mask[:, None, :]  # [B, T, S]
 
         block = Block
         if cfg.remat_policy != "none":

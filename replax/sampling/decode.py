@@ -120,6 +120,14 @@ def _prefill(
     return _constrain_cache(jax.tree_util.tree_map(per_row, cache), model.config)
 
 
+def rollout_uniforms(rng, rollout_ids, max_new_tokens: int):
+    """float32[R, N]: the uniforms rollout i draws its N tokens with, from its own key
+    fold_in(rng, i) (rollout_ids int32[R]): the same wherever and beside whatever it is
+    decoded."""
+    draw = lambda i: jax.random.uniform(jax.random.fold_in(rng, i), (max_new_tokens,))
+    return jax.vmap(draw)(rollout_ids)
+
+
 def _kv_mask(prompt_mask, max_new_tokens: int):
     """bool[B, P + N - 1]: the valid cache slots. Completion slots are always valid keys:
     the causal mask hides those not yet written."""
@@ -167,6 +175,7 @@ def decode(
     sampling: SamplingConfig,
     num_samples: int,
     row_block: tuple[int, int] = (0, 1),
+    rollout_keys: bool = False,
     *,
     model: model_lib.Transformer,
     max_new_tokens: int,
@@ -179,7 +188,9 @@ def decode(
     """The traced sampler. prompt_ids int32[B, P], prompt_mask bool[B, P] (left-padded):
     G = num_samples completions of each, R = B x G rows. row_block (i, n): these are rows
     [i R, (i + 1) R) of n R decoded together under the same rng, and draw those rows'
-    random numbers (a process decoding its block of a batch alone)."""
+    random numbers (a process decoding its block of a batch alone). rollout_keys: row r
+    draws from `rollout_uniforms(rng, i R + r)` alone, so that a rollout does not depend on
+    the rows decoded beside it (what `replax.sampling.engine` draws)."""
     b, p = prompt_ids.shape
     rows = b * num_samples
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32))
@@ -238,8 +249,11 @@ def decode(
     # DECODE the R rows. The random numbers of every step are drawn at once, outside the
     # loop (on CPU each draw inside it would be a loop of its own), as for R prompts.
     block, num_blocks = row_block
-    uniforms = jax.random.uniform(rng, (n, rows * num_blocks), jnp.float32)  # [N, nR]
-    uniforms = jax.lax.slice_in_dim(uniforms, block * rows, (block + 1) * rows, axis=1)
+    if rollout_keys:  # row r is rollout block R + r, drawing from its own key
+        uniforms = rollout_uniforms(rng, block * rows + jnp.arange(rows), n).T  # [N, R]
+    else:
+        uniforms = jax.random.uniform(rng, (n, rows * num_blocks), jnp.float32)  # [N, nR]
+        uniforms = jax.lax.slice_in_dim(uniforms, block * rows, (block + 1) * rows, axis=1)
     state = _LoopState(
         step=jnp.zeros((), jnp.int32),
         last_tokens=repeat(prompt_ids[:, -1]),

@@ -32,6 +32,10 @@ class SamplingConfig:
     # vocabulary (only when, for some row, they hold less than top_p): the distribution
     # is the same either way, only the cost differs.
     top_p_candidates: int = 64
+    # (token id, bias) pairs added to the logits before everything else, as vLLM's and
+    # OpenAI's logit_bias: the behaviour log-probs are those of the biased distribution.
+    # E.g. a bias on the stop token sets how long completions run (scripts/bench_engine.py).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -43,6 +47,13 @@ class SamplingConfig:
         candidates = self.top_p_candidates
         if not (isinstance(candidates, int | np.integer) and candidates >= 1):
             raise ValueError(f"sampler.top_p_candidates={candidates}: allowed is an integer >= 1")
+        for pair in self.logit_bias:
+            ok = isinstance(pair, tuple) and len(pair) == 2
+            if not (ok and isinstance(pair[0], int | np.integer) and pair[0] >= 0):
+                raise ValueError(
+                    f"sampler.logit_bias={self.logit_bias!r}: allowed are (token id >= 0, "
+                    "bias) pairs"
+                )
 
     @property
     def greedy(self) -> bool:
@@ -53,8 +64,13 @@ def sampling_logits(logits, config: SamplingConfig):
     """Logits of the sampling distribution: scaled by 1/temperature, then filtered.
 
     logits: float32[..., V]. Filtered-out tokens get -inf, so `log_softmax` of the result
-    is the renormalised distribution. Greedy decoding returns the raw logits.
+    is the renormalised distribution. Greedy decoding returns the raw logits (plus any
+    logit_bias).
     """
+    if config.logit_bias:
+        ids = jnp.asarray([i for i, _ in config.logit_bias], jnp.int32)
+        bias = jnp.asarray([b for _, b in config.logit_bias], logits.dtype)
+        logits = logits.at[..., ids].add(bias)
     if config.greedy:
         return logits
     logits = logits / config.temperature

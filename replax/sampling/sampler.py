@@ -149,7 +149,7 @@ class Sampler:
         )
         if mesh is None:
             self._params_shardings = self._decode_shardings = self._prompt_sharding = None
-            self._jitted = jax.jit(decode, static_argnums=(4, 5, 6))
+            self._jitted = jax.jit(decode, static_argnums=(4, 5, 6, 7))
             self._prepare = jax.jit(self._cast)
         else:
             dummy = jnp.zeros((1, 1), jnp.int32)
@@ -166,7 +166,7 @@ class Sampler:
             table = sharding.named(mesh, ("batch", None), rules)
             self._jitted = jax.jit(
                 decode,
-                static_argnums=(4, 5, 6),
+                static_argnums=(4, 5, 6, 7),
                 in_shardings=(
                     self._decode_shardings,
                     self._prompt_sharding,
@@ -249,6 +249,12 @@ class Sampler:
                 f"sampler.top_k={sampling.top_k} exceeds model.vocab_size={cfg.vocab_size}: "
                 f"allowed is 0 <= top_k <= {cfg.vocab_size}"
             )
+        for token, _ in sampling.logit_bias:
+            if token >= cfg.vocab_size:
+                raise ValueError(
+                    f"sampler.logit_bias token {token}: allowed are ids < model.vocab_size="
+                    f"{cfg.vocab_size}"
+                )
 
     def _inputs(self, prompt_ids, prompt_mask, num_samples):
         """Checks shapes and dtypes before anything compiles; pads prompts to max_prompt_len."""
@@ -305,6 +311,7 @@ class Sampler:
         top_k: int | None = None,
         top_p: float | None = None,
         row_block: tuple[int, int] = (0, 1),
+        rollout_keys: bool = False,
     ) -> SampleOutput:
         """Samples max_new_tokens per row (fewer when every row has hit EOS).
 
@@ -316,6 +323,9 @@ class Sampler:
         top_p override the sampler's setting for this call (e.g. temperature=0 for greedy
         evaluation); each setting compiles once. row_block (i, n): the prompts are the
         i-th of n equal blocks of a batch, sampled as they would be in the whole batch.
+        rollout_keys: each row draws from its own key, fold_in(rng, rollout index), with
+        rollout index i R + r for row r of block (i, n): the rollout the engine
+        (`replax.sampling.engine`) generates under the same rng, wherever it runs.
         Returns [B x G, ...] fields.
         """
         sampling = self.sampling
@@ -327,7 +337,16 @@ class Sampler:
         prompt_ids, prompt_mask = self._inputs(prompt_ids, prompt_mask, num_samples)
         params = self.prepare_params(params)
         row_block = (int(row_block[0]), int(row_block[1]))
-        args = (params, prompt_ids, prompt_mask, rng, sampling, int(num_samples), row_block)
+        args = (
+            params,
+            prompt_ids,
+            prompt_mask,
+            rng,
+            sampling,
+            int(num_samples),
+            row_block,
+            bool(rollout_keys),
+        )
         if self.mesh is None:
             return self._jitted(*args)
         with sharding.activation_rules(self.mesh, self.rules):
@@ -353,6 +372,7 @@ def make_sampler(
     top_k: int = 0,
     top_p: float = 1.0,
     top_p_candidates: int = 64,
+    logit_bias: tuple[tuple[int, float], ...] = (),
     mesh: jax.sharding.Mesh | None = None,
     rules=None,
     dtype: str | None = None,
@@ -365,6 +385,7 @@ def make_sampler(
     vocab_size: the tokenizer's vocabulary, when the model's has rows past it.
     top_p_candidates: top-p looks for its cut among this many most likely tokens, and
       sorts the whole vocabulary only when, for some row, they hold less than top_p.
+    logit_bias: (token id, bias) pairs added to the logits (`SamplingConfig`).
     mesh, rules: the sampler's own mesh (over the same devices as training's, any shape,
       e.g. (1, 1, 8) for tensor parallelism) and rule table (default
       `sharding.DEFAULT_RULES`); params are sharded by their logical axes, rows over
@@ -379,7 +400,11 @@ def make_sampler(
         stop_ids=stop_ids,
         pad_id=pad_id,
         sampling=SamplingConfig(
-            temperature=temperature, top_k=top_k, top_p=top_p, top_p_candidates=top_p_candidates
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            top_p_candidates=top_p_candidates,
+            logit_bias=tuple((int(i), float(b)) for i, b in logit_bias),
         ),
         mesh=mesh,
         rules=rules,

@@ -1,0 +1,267 @@
+r"""The rollout engine against the static sampler, at long-tailed completion lengths.
+
+  python scripts/bench_engine.py --out=engine.json [--repeats=3] [--prompts=32]
+      [--group_size=8] [--slots=64] [--refill_every=4]
+
+Both generate the same rollouts (rollout keys: each rollout draws from its own key) of the
+same prompts with the reference model of scripts/bench.py (vocab 512, 4 layers, d_model
+256, fp32; prompt 16 tokens, cap 64 new tokens), back to back in one process, --repeats
+times each after a warm-up; the figures are medians.
+
+- static: `Sampler.generate` over the R rollouts in batches of --slots rows (prompts of
+  one batch together), each batch decoding until its longest row stops: the same cache
+  memory as the engine's. static_whole: all R rows in one batch, what the RL loop decodes
+  without the engine (its cache is R rows, not S).
+- engine: `Engine.generate`, S = --slots slots refilled every --refill_every steps.
+
+Completion lengths are long-tailed as those of reasoning tasks are: a logit bias on the
+stop token (`SamplingConfig.logit_bias`), found by bisection so that the median completion
+is a quarter of the cap, makes the stop a near-constant hazard, so lengths are about
+geometric with about 5% of rollouts at the cap. `length_spread` holds the lengths'
+quantiles as measured on this run.
+
+Keys: `static`, `static_whole` and `engine`, each with `rollouts_per_s`, `seconds` (median)
+and `useful_row_step_frac` (decoded row-steps that produced a kept token over all decoded
+row-steps); `speedup` (engine over static, rollouts/s), `speedup_vs_whole`;
+`same_rollouts` (every rollout of the engine equals the static sampler's: identical tokens
+and masks, log-probs within 1e-6 absolute plus 1e-6 relative; the largest differences
+beside it); `length_spread`; `settings`; `commit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", None, "Write the JSON object here.")
+flags.DEFINE_integer("repeats", 3, "Timed runs of each sampler (after one warm-up).")
+flags.DEFINE_integer("prompts", 64, "Prompts per call.")
+flags.DEFINE_integer("group_size", 8, "Rollouts per prompt (R = prompts x group_size).")
+flags.DEFINE_integer("slots", 32, "The engine's slots; the static sampler's batch rows.")
+flags.DEFINE_integer("refill_every", 2, "The engine's refill interval, in decode steps.")
+flags.DEFINE_float("median_frac", 0.25, "Target median completion length / cap.")
+
+STOP_ID, PAD_ID = 1, 0
+
+
+def commit() -> str:
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True)
+        return out.stdout.decode().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def static_rows(sampler, params, ids, mask, key, group_size, slots):
+    """The static sampler over all rollouts, `slots` rows a batch (prompt blocks of
+    slots / G prompts); returns (tokens, logprobs, lengths, decoded row-steps)."""
+    import jax
+    import numpy as np
+
+    per_call = max(1, slots // group_size)
+    total = len(ids) * group_size
+    outs = []
+    for start in range(0, len(ids), per_call):
+        block = ids[start : start + per_call]
+        rows = len(block) * group_size
+        # The block's rollout indices start at start G: row_block (i, n) numbers rows
+        # i rows ... , so rows must divide start G (the blocks are of equal size).
+        out = sampler.generate(
+            params,
+            block,
+            mask[start : start + per_call],
+            key,
+            num_samples=group_size,
+            row_block=(start * group_size // rows, total // rows),
+            rollout_keys=True,
+        )
+        outs.append(out)
+    jax.block_until_ready(outs)
+    tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
+    logprobs = np.concatenate([np.asarray(o.logprobs) for o in outs])
+    lengths = np.concatenate([np.asarray(o.lengths) for o in outs])
+    # Each batch decodes until its longest row stops (or the cap).
+    row_steps = sum(len(o.lengths) * int(np.max(o.lengths)) for o in outs)
+    return tokens, logprobs, lengths, row_steps
+
+
+def calibrate_bias(make, params, ids, mask, key, group_size, cap, median_frac):
+    """The stop-token logit bias whose median completion length is median_frac x cap
+    (bisection on the measured median)."""
+    import numpy as np
+
+    low, high = -5.0, 15.0
+    for _ in range(14):
+        bias = (low + high) / 2
+        sampler = make(bias)
+        out = sampler.generate(params, ids, mask, key, num_samples=group_size, rollout_keys=True)
+        median = float(np.median(np.asarray(out.lengths)))
+        if median > median_frac * cap:
+            low = bias
+        else:
+            high = bias
+    return (low + high) / 2
+
+
+def main(argv):
+    del argv
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks.common import NEW_TOKENS, PROMPT_LEN, reference_model_config
+    from replax.model import transformer as model_lib
+    from replax.sampling import engine as engine_lib
+    from replax.sampling import sampler as sampler_lib
+
+    if FLAGS.slots < 1 or FLAGS.refill_every < 1 or FLAGS.prompts < 1 or FLAGS.group_size < 1:
+        print("bench_engine: --slots, --refill_every, --prompts, --group_size must be >= 1")
+        return 2
+    config = reference_model_config()
+    model = model_lib.Transformer(config)
+    dummy = jnp.zeros((1, PROMPT_LEN), jnp.int32)
+    params = jax.jit(model.init)(jax.random.key(0), dummy, dummy)["params"]
+    rng = np.random.default_rng(0)
+    ids = rng.integers(2, config.vocab_size, (FLAGS.prompts, PROMPT_LEN)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    for row, pad in enumerate(rng.integers(0, PROMPT_LEN // 2, FLAGS.prompts)):
+        mask[row, :pad] = False  # left padding of various lengths
+    key = jax.random.key(1)
+
+    def make(bias):
+        return sampler_lib.make_sampler(
+            config,
+            max_prompt_len=PROMPT_LEN,
+            max_new_tokens=NEW_TOKENS,
+            stop_ids=(STOP_ID,),
+            pad_id=PAD_ID,
+            logit_bias=((STOP_ID, float(bias)),),
+        )
+
+    bias = calibrate_bias(
+        make, params, ids, mask, key, FLAGS.group_size, NEW_TOKENS, FLAGS.median_frac
+    )
+    sampler = make(bias)
+    engine = engine_lib.make_engine(sampler, slots=FLAGS.slots, refill_every=FLAGS.refill_every)
+    total = FLAGS.prompts * FLAGS.group_size
+
+    def run_static():
+        return static_rows(sampler, params, ids, mask, key, FLAGS.group_size, FLAGS.slots)
+
+    def run_whole():
+        out = sampler.generate(
+            params, ids, mask, key, num_samples=FLAGS.group_size, rollout_keys=True
+        )
+        lengths = np.asarray(out.lengths)
+        return out, total * int(lengths.max())
+
+    def run_engine():
+        out, stats = engine.generate_with_stats(
+            params, ids, mask, key, num_samples=FLAGS.group_size
+        )
+        jax.block_until_ready(out)
+        return out, stats
+
+    # Warm-ups (compiles), then the three back to back, repeats times.
+    static_out, whole_out, engine_out = run_static(), run_whole(), run_engine()
+    times = {"static": [], "static_whole": [], "engine": []}
+    for _ in range(FLAGS.repeats):
+        for name, fn in (
+            ("static", run_static),
+            ("static_whole", run_whole),
+            ("engine", run_engine),
+        ):
+            start = time.perf_counter()
+            result = fn()
+            jax.block_until_ready(result)
+            times[name].append(time.perf_counter() - start)
+
+    tokens, logprobs, lengths, static_row_steps = static_out
+    out, stats = engine_out
+    whole, whole_row_steps = whole_out
+    engine_lp = np.asarray(out.logprobs)
+    # Float32 sums run in another order at another batch shape, so log-probs agree to
+    # rounding, not bit for bit: the static sampler differs from itself as much between
+    # its two batchings (static_self_logprob_max_abs_diff).
+    diff = np.abs(engine_lp - logprobs)
+    same = bool(
+        np.array_equal(np.asarray(out.tokens), tokens)
+        and np.array_equal(np.asarray(out.mask), lengths[:, None] > np.arange(NEW_TOKENS))
+        and np.array_equal(np.asarray(whole.tokens), tokens)
+        and np.allclose(engine_lp, logprobs, rtol=1e-6, atol=1e-6)
+    )
+    kept = int(lengths.sum())
+    seconds = {k: statistics.median(v) for k, v in times.items()}
+    engine_row_steps = int(stats.decode_steps) * FLAGS.slots
+
+    def entry(name, row_steps):
+        return {
+            "rollouts_per_s": total / seconds[name],
+            "seconds": seconds[name],
+            "seconds_all": times[name],
+            "useful_row_step_frac": kept / row_steps,
+            "decoded_row_steps": row_steps,
+        }
+
+    quantiles = {f"p{q}": float(np.percentile(lengths, q)) for q in (10, 25, 50, 75, 90, 99)}
+    result = {
+        "static": entry("static", static_row_steps),
+        "static_whole": entry("static_whole", whole_row_steps),
+        "engine": {
+            **entry("engine", engine_row_steps),
+            "decode_steps": int(stats.decode_steps),
+            "refills": int(stats.refills),
+        },
+        "speedup": seconds["static"] / seconds["engine"],
+        "speedup_vs_whole": seconds["static_whole"] / seconds["engine"],
+        "same_rollouts": same,
+        "logprob_max_abs_diff": float(diff.max()),
+        "logprob_max_rel_diff": float((diff / np.maximum(1.0, np.abs(logprobs))).max()),
+        "static_self_logprob_max_abs_diff": float(
+            np.abs(np.asarray(whole.logprobs) - logprobs).max()
+        ),
+        "length_spread": {
+            **quantiles,
+            "mean": float(lengths.mean()),
+            "cap": NEW_TOKENS,
+            "at_cap_frac": float(np.mean(lengths == NEW_TOKENS)),
+            "stop_logit_bias": bias,
+            "how": "stop-token logit bias found by bisection for a median of "
+            f"{FLAGS.median_frac:g} x the cap: a near-constant stop hazard, lengths about "
+            "geometric",
+        },
+        "settings": {
+            "prompts": FLAGS.prompts,
+            "group_size": FLAGS.group_size,
+            "rollouts": total,
+            "slots": FLAGS.slots,
+            "refill_every": FLAGS.refill_every,
+            "prompt_len": PROMPT_LEN,
+            "max_new_tokens": NEW_TOKENS,
+            "repeats": FLAGS.repeats,
+            "backend": jax.default_backend(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
+        "commit": commit(),
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))
