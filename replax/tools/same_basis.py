@@ -181,12 +181,30 @@ def headline(payload: dict[str, Any], candidate: str, reference: str) -> str:
         measured = payload.get("compute_ratio_first_reach_at_mu_measured")
         at_measured = f" ({fmt(measured)} at the measured mu={fmt(payload['mu_measured'])})"
     where = break_even_words(payload.get("break_even_mu"), payload.get("break_even_mu_direction"))
+    figures = _no_ratio(payload, candidate, reference) or (
+        f"tokens {fmt(payload.get('inference_ratio_first_reach'))}, cost "
+        f"{fmt(payload.get('compute_ratio_first_reach'))} at mu={mu:g}{at_measured}"
+    )
     return (
         f"{HEADLINE_START} ({100 * payload['target_accuracy']:.1f}%): {candidate} over "
-        f"{reference}, tokens {fmt(payload.get('inference_ratio_first_reach'))}, cost "
-        f"{fmt(payload.get('compute_ratio_first_reach'))} at mu={mu:g}{at_measured}; "
-        f"{candidate} {where}.\n"
+        f"{reference}, {figures}; {candidate} {where}.\n"
     )
+
+
+def _no_ratio(payload: dict[str, Any], name: str, reference: str) -> str | None:
+    """Why a median ratio is null, when it is: a side's median seed never reaches the target
+    (a null ratio is no figure for either side, unlike a cost's "never")."""
+    never = [
+        v for v in (name, reference) if payload["variants"][v].get("gen_tokens_to_target") is None
+    ]
+    if not never:
+        return None
+    who = (
+        "neither median seed reaches it"
+        if len(never) == 2
+        else f"{never[0]}'s median seed never reaches it"
+    )
+    return f"no ratio ({who})"
 
 
 def _cheaper(figures: dict[str, Any]) -> str:
@@ -208,9 +226,13 @@ def notes(payload: dict[str, Any], candidate: str, reference: str) -> str:
         lines.append(
             f"Same basis against {reference} (tokens / cost at mu={mu:g} / where cheaper): "
             + "; ".join(
-                f"{v} {report_lib.fmt(r.get('inference_ratio_first_reach'))} / "
-                f"{report_lib.fmt(r.get('compute_ratio_first_reach'))} / "
-                f"{_cheaper(r)}"
+                f"{v} "
+                + (
+                    _no_ratio(payload, v, reference)
+                    or f"{report_lib.fmt(r.get('inference_ratio_first_reach'))} / "
+                    f"{report_lib.fmt(r.get('compute_ratio_first_reach'))}"
+                )
+                + f" / {_cheaper(r)}"
                 for v, r in others.items()
             )
             + "."

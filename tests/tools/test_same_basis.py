@@ -182,6 +182,26 @@ def test_backfill_of_a_compare_json_whose_runs_were_not_kept():
     assert sb.backfill_markdown(text, payload) == text
 
 
+def test_a_median_that_never_reaches_gives_no_ratio_not_never():
+    # Two on-policy seeds, one reaching: its median lands on "never"; replay's both reach.
+    ref = variant([0, 1], [None, 300], [None, 192], [None, 192])
+    cand = variant([0, 1], [200, 100], [256, 128], [128, 64])
+    payload = {
+        "variants": {"onpolicy": ref, "replay": cand},
+        "target_accuracy": 0.5,
+        "mu_model": 6.0,
+        "mu_measured": None,
+        **sb.ratios(cand, ref),
+    }
+    assert payload["inference_ratio_first_reach"] is None
+    assert (payload["break_even_mu"], payload["break_even_mu_direction"]) == (0.0, sb.ALWAYS)
+    assert sb.headline(payload, "replay", "onpolicy") == (
+        "Same basis, each side's own first reach of the target (50.0%): replay over onpolicy, "
+        "no ratio (onpolicy's median seed never reaches it); replay cheaper at every mu "
+        "(break-even mu 0).\n"
+    )
+
+
 @pytest.mark.parametrize(
     "path", sorted(glob.glob(os.path.join(ROOT, "docs", "results", "*compare*.json")))
 )
