@@ -202,9 +202,12 @@ def test_a_median_that_never_reaches_gives_no_ratio_not_never():
     )
 
 
-@pytest.mark.parametrize(
-    "path", sorted(glob.glob(os.path.join(ROOT, "docs", "results", "*compare*.json")))
-)
+# Every compare.py report committed: the *compare*.json files and the entropy study's.
+STUDIES = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "*compare*.json")))
+STUDIES.append(os.path.join(ROOT, "docs", "results", "entropy_study.json"))
+
+
+@pytest.mark.parametrize("path", STUDIES)
 def test_every_committed_study_has_the_same_basis(path):
     """Each committed compare.json holds the same-basis keys, and its median ratios are
     replay's median first reach over on-policy's (never as +inf) recomputed here."""
