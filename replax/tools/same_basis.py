@@ -193,18 +193,18 @@ def headline(payload: dict[str, Any], candidate: str, reference: str) -> str:
 
 def _no_ratio(payload: dict[str, Any], name: str, reference: str) -> str | None:
     """Why a median ratio is null, when it is: a side's median seed never reaches the target
-    (a null ratio is no figure for either side, unlike a cost's "never")."""
-    never = [
-        v for v in (name, reference) if payload["variants"][v].get("gen_tokens_to_target") is None
-    ]
+    (a null ratio is no figure for either side, unlike a cost's "never"), or a side has no
+    runs in this study (a study of some variants, with --target)."""
+    variants = payload["variants"]
+    absent = [v for v in (name, reference) if v not in variants]
+    if absent:
+        return f"no ratio (no {absent[0]} runs)"
+    never = [v for v in (name, reference) if variants[v].get("gen_tokens_to_target") is None]
     if not never:
         return None
-    who = (
-        "neither median seed reaches it"
-        if len(never) == 2
-        else f"{never[0]}'s median seed never reaches it"
-    )
-    return f"no ratio ({who})"
+    if len(never) == 2:
+        return "no ratio (neither median seed reaches it)"
+    return f"no ratio ({never[0]}'s median seed never reaches it)"
 
 
 def _cheaper(figures: dict[str, Any]) -> str:

@@ -229,3 +229,23 @@ def test_every_committed_study_has_the_same_basis(path):
             assert payload[ratio] == pytest.approx(expected), ratio
         else:
             assert payload[ratio] is None, ratio
+
+
+def test_notes_of_a_study_without_the_reference():
+    """A study of replay variants alone (compare.py --variants=replay,replay_cov --target=T):
+    no ratio to name, and the notes still read."""
+    cand = variant([0], [100], [64], [16])
+    payload = {
+        "variants": {"replay": cand, "replay_cov": cand},
+        "target_accuracy": 0.5,
+        "target_source": "--target",
+        "seeds": [0],
+        "mu_model": 6.0,
+        "mu_measured": None,
+        "inference_ratio": None,
+        "compute_ratio": None,
+        "compute_ratio_at_mu_measured": None,
+        "ratios": {v: dict.fromkeys(sb.RATIO_KEYS) for v in ("replay", "replay_cov")},
+    }
+    text = sb.notes(payload, "replay", "onpolicy")
+    assert "replay_cov no ratio (no onpolicy runs) / unknown." in text
