@@ -11,9 +11,11 @@ the same number of rollouts (`--budget_rollouts`, steps = budget / R), so replay
 32 takes twice the steps of on-policy with R = 64. The target accuracy is the on-policy
 median final accuracy; each run's generated tokens and modelled cost (the paper's sum
 over steps of B + mu R, in units of training one rollout) when it first reaches the
-target give the ratios. Runs live in DIR/runs/VARIANT/lrLR/seedS and are resumable: a
-rerun skips finished runs. Runs with the same seed share one warm start (DIR/base) and
-one dataset (DIR/data).
+target give the ratios: first on the same basis, each side's own first reach (tokens, cost
+and the break-even mu above which replay costs less: replax/tools/same_basis.py), then
+replay's first reach over on-policy's whole run. Runs live in DIR/runs/VARIANT/lrLR/seedS
+and are resumable: a rerun skips finished runs. Runs with the same seed share one warm
+start (DIR/base) and one dataset (DIR/data).
 
 Writes DIR/compare.json (its keys: docs/reference.md), DIR/compare.png (held-out
 accuracy against generated tokens, modelled cost and wall-clock; median and
@@ -50,9 +52,11 @@ entropy: the runs' own evaluations use 64 prompts, where one prompt is 1.6 point
 --compilation_cache DIR|none.
 
 Each side at its best rate: a chosen rate at its grid's edge is reported (log, compare.md,
-`lr_edge`); --extend_lr_grid adds the next rate past that edge (--lr_extend_factor, 3: lr
-/ 3 or lr x 3, one significant digit) and reruns the choice, until the best is inside the
+`lr_edge`), and by default the next rate past that edge is added (--lr_extend_factor, 3: lr
+/ 3 or lr x 3, one significant digit) and the choice rerun, until the best is inside the
 grid or --max_lr_extensions (3) rates were added; the seeds then run at the chosen rate.
+A one-rate grid (a rate given, e.g. one another study chose) is never extended;
+--noextend_lr_grid reports the edge without extending any grid.
 
 A study over days and machines: --reuse=DIR[,DIR] takes any finished run found under the
 directories (any depth: kept runs, or another study's DIR) whose settings equal the run's
@@ -91,7 +95,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from replax.config import spec as spec_lib  # noqa: E402
 from replax.core import config_utils
-from replax.tools import analysis, run_store
+from replax.tools import analysis, run_store, same_basis
 from replax.tools import experiments as ex  # noqa: E402
 from replax.tools import report as report_lib
 from replax.tools import transfer as transfer_lib
@@ -107,6 +111,8 @@ RUN_KEYS = (
     "gen_s",
     "train_s",
     "gen_tokens_to_target",
+    "train_rollouts_to_target",
+    "gen_rollouts_to_target",
     "cost_to_target",
     "cost_to_target_at_mu_measured",
     "total_cost",
@@ -124,6 +130,8 @@ RUN_KEYS = (
 )
 NEVER_KEYS = (
     "gen_tokens_to_target",
+    "train_rollouts_to_target",
+    "gen_rollouts_to_target",
     "cost_to_target",
     "cost_to_target_at_mu_measured",
     "wall_s_to_target",
@@ -172,7 +180,12 @@ def define_flags(values) -> None:
     )
     define("list", "entropy_levels", [], "Accuracies for entropy_at_accuracy (default: 5 shared).")
     define("list", "paper_w_over_t", ["1", "3", "7"], "W/T ratios of the paper_table.")
-    define("bool", "extend_lr_grid", False, "Extend a grid whose best rate is at its edge.")
+    define(
+        "bool",
+        "extend_lr_grid",
+        True,
+        "Extend a grid of 2+ rates whose best is at its edge (--noextend_lr_grid: report only).",
+    )
     define("float", "lr_extend_factor", 3.0, "The next rate down / up is lr / F, lr x F.")
     define("integer", "max_lr_extensions", 3, "Extensions per variant at most.", lower_bound=0)
     define("list", "reuse", [], "DIR,DIR: finished runs taken by their settings, not rerun.")
@@ -357,11 +370,18 @@ def beyond_edge(rates: list[float], edge: str, factor: float) -> list[float]:
     return [r for r in out if r not in rates]
 
 
+def extends(plan: Plan, variant: str) -> bool:
+    """Whether the variant's grid grows past an edge its best rate lies at: by default, when
+    it searches (two rates or more); a one-rate grid is a rate given (a study at rates
+    another chose), which a search would overrule."""
+    return plan.args.extend_lr_grid and len(plan.lr_grid[variant]) > 1
+
+
 def select_lr(plan: Plan, variant: str, log=print, transfer: Transfer | None = None) -> dict:
     """Runs the variant's rate grid on the selection seed and picks the best rate by
-    --select_by. A best rate at the grid's edge is reported; with --extend_lr_grid the grid
-    grows by the next rate past that edge (--lr_extend_factor) until the best is inside it,
-    at most --max_lr_extensions times."""
+    --select_by. A best rate at the grid's edge is reported, and the grid grows by the next
+    rate past that edge (--lr_extend_factor) until the best is inside it, at most
+    --max_lr_extensions times (`extends`: not a one-rate grid, nor with --noextend_lr_grid)."""
     args = plan.args
     rates, added, dirs, by_rate = list(plan.lr_grid[variant]), [], {}, {}
     while True:
@@ -378,7 +398,7 @@ def select_lr(plan: Plan, variant: str, log=print, transfer: Transfer | None = N
         best = choose_lr(grid, args.select_by)
         edge = lr_edge(rates, best["lr"])
         more = beyond_edge(rates, edge, args.lr_extend_factor) if edge else []
-        if not (more and args.extend_lr_grid and len(added) < args.max_lr_extensions):
+        if not (more and extends(plan, variant) and len(added) < args.max_lr_extensions):
             break
         log(f"{variant}: best rate {best['lr']:g} {edge_words(edge)}; adding {more}")
         rates += more
@@ -391,7 +411,7 @@ def select_lr(plan: Plan, variant: str, log=print, transfer: Transfer | None = N
         log(
             f"{variant}: the chosen rate {best['lr']:g} is {edge_words(edge)} "
             f"({sorted(rates)}): a rate past it may be better"
-            + ("" if args.extend_lr_grid else " (--extend_lr_grid tries it)")
+            + ("" if extends(plan, variant) else " (not extended: one rate, or --noextend)")
         )
     return {"grid": grid, "best": best, "edge": edge, "added": added, "dirs": dirs}
 
@@ -687,6 +707,7 @@ def report(
         if ref is None or cand is None:
             return dict.fromkeys(
                 (
+                    *same_basis.RATIO_KEYS,
                     "inference_ratio",
                     "compute_ratio",
                     "compute_ratio_at_mu_measured",
@@ -695,6 +716,9 @@ def report(
                 )
             )
         return {
+            # Each side's own first reach (same_basis), ahead of the candidate's first reach
+            # over the reference's whole run.
+            **same_basis.ratios(cand, ref),
             "inference_ratio": analysis.ratio(cand["gen_tokens_to_target"], ref["gen_tokens"]),
             "compute_ratio": analysis.ratio(cand["cost_to_target"], ref["total_cost"]),
             "compute_ratio_at_mu_measured": analysis.ratio(
@@ -718,6 +742,7 @@ def report(
         pairs = [analysis.ahead_pairs(runs[name][seed], runs[REFERENCE][seed]) for seed in seeds]
         return {
             "seeds": seeds,
+            **same_basis.per_seed(cand, ref, seeds, names=(name, REFERENCE)),
             "inference_ratio": [
                 analysis.ratio(at(cand, s, "gen_tokens_to_target"), at(ref, s, "gen_tokens"))
                 for s in seeds
@@ -745,6 +770,7 @@ def report(
         "mu_measured": mu_measured,
         # The same without the first step's seconds (compilation).
         "mu_measured_steady": analysis.median(steady, none_is_inf=False),
+        "first_reach_rule": same_basis.FIRST_REACH_RULE,
         **ratios(CANDIDATE),
         "ratios": {v: ratios(v) for v in variants if v != REFERENCE},
         "lr_grid": {v: res["lr_grid"] for v, res in results.items()},
@@ -856,15 +882,13 @@ def table(payload) -> str:
         "entropy at target",
         "device s to target",
     ]
-    notes = (
-        f"\nTarget {100 * payload['target_accuracy']:.1f}% ({payload['target_source']}); "
-        f"medians over seeds {payload['seeds']}. inference ratio "
-        f"{report_lib.fmt(payload['inference_ratio'])}, compute ratio "
-        f"{report_lib.fmt(payload['compute_ratio'])} at mu={payload['mu_model']:g}, "
-        f"{report_lib.fmt(payload['compute_ratio_at_mu_measured'])} at "
-        f"the measured mu={report_lib.fmt(payload['mu_measured'])}.\n"
-    )
-    return report_lib.markdown_table(header, rows) + notes + details(payload)
+    # The same basis leads; the candidate's first reach over the reference's whole run
+    # follows in the notes, named for what it is.
+    lead = ""
+    if {REFERENCE, CANDIDATE} <= set(payload["variants"]):
+        lead = same_basis.headline(payload, CANDIDATE, REFERENCE) + "\n"
+    notes = same_basis.notes(payload, CANDIDATE, REFERENCE)
+    return lead + report_lib.markdown_table(header, rows) + notes + details(payload)
 
 
 def points(value) -> str:
@@ -916,10 +940,6 @@ def details(payload) -> str:
     for v, vs in (payload.get("versus") or {}).items():
         if vs is None:
             continue
-        ratios = ", ".join(
-            f"seed {seed}: {report_lib.fmt(a)} / {report_lib.fmt(b)}"
-            for seed, a, b in zip(vs["seeds"], vs["inference_ratio"], vs["compute_ratio"])
-        )
         pairs, spread = vs["ahead_pairs"], vs["seed_spread"]
         verdict = {
             True: "the difference EXCEEDS the seed spread",
@@ -928,7 +948,7 @@ def details(payload) -> str:
         }[spread["exceeds"]]
         lines += [
             "",
-            f"{v} against {REFERENCE}: inference / compute ratio per seed: {ratios}.",
+            *same_basis.versus_lines(v, REFERENCE, vs, payload["mu_model"]),
             f"{v} ahead at {pairs['ahead']} of {pairs['pairs']} (seed, equal-token "
             f"evaluation) pairs (behind at {pairs['behind']}, level at {pairs['level']}).",
             f"Seed spread: {v} minus {REFERENCE} median final accuracy "

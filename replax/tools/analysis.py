@@ -194,17 +194,19 @@ def summarize_run(records, *, base_accuracy: float | None = None) -> dict[str, A
 
 
 def to_target(records, target: float, mus: dict[str, float], base_accuracy=None, groups=None):
-    """Generated tokens and modelled costs (one per named mu) when the run first reaches
-    target; inf for each when it never does. With `groups` (`device_groups`), also the
-    measured costs there: wall_s_to_target, device_s_to_target and
-    busy_device_s_to_target (`device_seconds`)."""
+    """Generated tokens, rollouts trained and generated, and modelled costs (one per named
+    mu) when the run first reaches target; inf for each when it never does. The two rollout
+    counts are the cost at every mu (train + mu gen), which a break-even mu needs. With
+    `groups` (`device_groups`), also the measured costs there: wall_s_to_target,
+    device_s_to_target and busy_device_s_to_target (`device_seconds`)."""
     measured = () if groups is None else ("wall_s", "device_s", "busy_device_s")
+    counts = ("gen_tokens", "train_rollouts", "gen_rollouts")
     hit = first_reach(records, target, base_accuracy)
     if hit is None:
-        never = ["gen_tokens", *measured]
+        never = [*counts, *measured]
         return {**{f"{k}_to_target": math.inf for k in never}, **{k: math.inf for k in mus}}
     out = {
-        "gen_tokens_to_target": hit["gen_tokens"],
+        **{f"{k}_to_target": hit[k] for k in counts},
         **{k: modelled_cost(hit, mu) for k, mu in mus.items()},
     }
     if groups is not None:

@@ -109,6 +109,19 @@ def test_ratios_on_hand_made_metrics(tmp_path):
     assert rp["iqr"]["gen_tokens_to_target"] == [250, None]
     assert payload["inference_ratio"] == pytest.approx(300 / 400)
     assert payload["compute_ratio"] == pytest.approx(1536 / 1792)
+    # THE SAME BASIS: on-policy's own first reaches are 400 tokens (256 rollouts trained and
+    # generated) at seed 0, 300 (192) at seed 1, never at seed 2; medians 400 and 256.
+    # Replay's median 384 trained, 192 generated: (384 - 256) / (256 - 192) = 2.
+    assert on["per_seed"]["gen_tokens_to_target"] == [400, 300, None]
+    assert rp["per_seed"]["train_rollouts_to_target"] == [256, 384, None]
+    assert rp["per_seed"]["gen_rollouts_to_target"] == [128, 192, None]
+    assert payload["inference_ratio_first_reach"] == pytest.approx(300 / 400)
+    assert payload["compute_ratio_first_reach"] == pytest.approx(1536 / 1792)
+    assert payload["compute_ratio_first_reach_at_mu_measured"] == pytest.approx(
+        (384 + 0.45 * 192) / (256 + 0.45 * 256)
+    )
+    assert (payload["break_even_mu"], payload["break_even_mu_direction"]) == (2.0, "above")
+    assert payload["ratios"]["replay"]["break_even_mu"] == 2.0
     # mu measured: the median of 0.5, 0.5, 0.5, 0.4, 0.4, 0.4 is 0.45.
     assert payload["mu_measured"] == pytest.approx(0.45)
     # Without the first step: 1 s per 64 (on-policy) or 32 (replay) generated rollouts,
@@ -121,6 +134,13 @@ def test_ratios_on_hand_made_metrics(tmp_path):
     versus = payload["versus"]["replay"]
     assert versus["inference_ratio"] == pytest.approx([200 / 400, 300 / 400, None])
     assert versus["compute_ratio"] == pytest.approx([1024 / 1792, 1536 / 1792, None])
+    # On the same basis: seed 0 trains as much and generates half (cheaper at every mu),
+    # seed 1 trains twice as much and generates as much (at none), seed 2 neither reaches.
+    assert versus["inference_ratio_first_reach"] == pytest.approx([200 / 400, 300 / 300, None])
+    assert versus["compute_ratio_first_reach"] == pytest.approx([1024 / 1792, 1536 / 1344, None])
+    assert versus["break_even_mu"] == [0.0, None, None]
+    assert versus["break_even_mu_direction"] == ["always", "never", "neither_reaches"]
+    assert versus["first_reach_never"] == [None, None, "both"]
     # Both evaluate at 100, 200, 300, 400 generated tokens. Seed 0: replay ahead at all
     # four; seed 1 (0.45 > 0.3, 0.45 > 0.35, 0.52 > 0.5, 0.6 = 0.6) and seed 2 (0.3 > 0.2,
     # 0.4 > 0.3, 0.4 = 0.4, 0.45 > 0.4): three ahead and one level each.
@@ -133,6 +153,13 @@ def test_ratios_on_hand_made_metrics(tmp_path):
     # The curves plot and the table prints without training.
     compare.plot(payload, curves, str(tmp_path / "compare.png"))
     text = compare.table(payload)
+    assert text.startswith(
+        "Same basis, each side's own first reach of the target (50.0%): replay over onpolicy, "
+        "tokens 0.75, cost 0.857 at mu=6 (1.27 at the measured mu=0.45); replay cheaper for "
+        "mu above the break-even mu 2.\n\n| variant |"
+    )
+    assert "Replay's first reach over onpolicy's whole run (the earlier basis" in text
+    assert "seed 0: 0.5 / 0.571 / every mu, seed 1: 1 / 1.14 / no mu, seed 2: both never" in text
     assert "| replay | 0.0001 | 55.0% |" in text
     assert "replay ahead at 10 of 12 (seed, equal-token evaluation) pairs" in text
     assert (
@@ -273,8 +300,9 @@ def test_ahead_pairs_interpolate_at_the_references_tokens():
 
 def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
     """On-policy's grid 1e-4, 3e-4 on hand-made finished runs whose accuracy peaks at 3e-5:
-    the best, 1e-4, is at the low edge; --extend_lr_grid adds 3e-5 (best, again at the low
-    edge), then 1e-5, and stops with 3e-5 inside the grid."""
+    the best, 1e-4, is at the low edge; by default the grid grows by 3e-5 (best, again at the
+    low edge), then 1e-5, and stops with 3e-5 inside the grid. --noextend_lr_grid only
+    reports the edge, and a one-rate grid (a rate given) is never extended."""
     assert compare.lr_edge([1e-4, 3e-4], 1e-4) == "low"
     assert compare.lr_edge([1e-4, 3e-4], 3e-4) == "high"
     assert compare.lr_edge([1e-4], 1e-4) == "both"
@@ -288,7 +316,7 @@ def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
         plan.validate()  # makes the data directory the specs name
         return plan
 
-    plan = plan_of()
+    plan = plan_of("--noextend_lr_grid")
     for lr, acc in accuracy.items():
         steps = plan.spec("onpolicy", lr, 0).total_steps
         write_run(plan.run_dir("onpolicy", lr, 0), r=64, b=64, steps=steps, eval_every=steps,
@@ -296,7 +324,7 @@ def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
     lines = []
     chosen = compare.select_lr(plan, "onpolicy", log=lines.append)
     assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (1e-4, "low", [])
-    assert "at the grid's low edge" in lines[-1] and "--extend_lr_grid" in lines[-1]
+    assert "at the grid's low edge" in lines[-1] and "--noextend" in lines[-1]
     # The transfer (checkpoints stay on the machine) measures a run as soon as it finishes
     # if it leads the runs finished so far: 1e-4 (0.4), not 3e-4 (0.2), 3e-5 (0.5), not 1e-5.
     measured = []
@@ -305,15 +333,21 @@ def test_a_best_rate_at_the_grids_edge_is_reported_and_extended(tmp_path):
         def of_run(self, variant, lr, seed, run_dir):
             measured.append(lr)
 
-    plan = plan_of("--extend_lr_grid")
+    plan = plan_of()  # extended by default
     chosen = compare.select_lr(plan, "onpolicy", log=lines.append, transfer=Recording(plan))
     assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (3e-5, None, [3e-5, 1e-5])
     assert measured == [1e-4, 3e-5]
     assert [g["lr"] for g in chosen["grid"]] == [1e-5, 3e-5, 1e-4, 3e-4]
     # At most --max_lr_extensions rates are added; the edge is then still reported.
-    plan = plan_of("--extend_lr_grid", "--max_lr_extensions=1")
+    plan = plan_of("--max_lr_extensions=1")
     chosen = compare.select_lr(plan, "onpolicy", log=lines.append)
     assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (3e-5, "low", [3e-5])
+    # A one-rate grid, 1e-4, is at both edges but a rate given: kept, not searched around
+    # (3e-5 and 3e-4, both finished here, would otherwise be added and 3e-5 chosen).
+    plan = plan_of("--lr_grid=onpolicy:1e-4")
+    chosen = compare.select_lr(plan, "onpolicy", log=lines.append)
+    assert (chosen["best"]["lr"], chosen["edge"], chosen["added"]) == (1e-4, "both", [])
+    assert "not extended: one rate" in lines[-1]
     payload_grid = {"onpolicy": chosen["grid"]}
     text = compare.details(payload_grid_args(payload_grid))
     assert "- onpolicy: chose 3e-05, AT THE GRID'S LOW EDGE; extended by 3e-05" in text

@@ -28,7 +28,12 @@ def test_first_reach_and_the_cost_to_target():
     # cost = train_rollouts + mu gen_rollouts = 24 + 6 x 16 at step 3.
     assert analysis.modelled_cost(RECORDS[2], 6.0) == 120.0
     got = analysis.to_target(RECORDS, 0.5, {"cost": 6.0})
-    assert got == {"gen_tokens_to_target": 300, "cost": 120.0}
+    assert got == {
+        "gen_tokens_to_target": 300,
+        "train_rollouts_to_target": 24,
+        "gen_rollouts_to_target": 16,
+        "cost": 120.0,
+    }
     assert analysis.to_target(RECORDS, 0.9, {"cost": 6.0})["cost"] == math.inf
 
 

@@ -1,0 +1,411 @@
+"""Replay against on-policy on the same basis: each side at its own first reach of the target.
+
+compare.json's first ratios (`inference_ratio`, `compute_ratio`) divide replay's generated
+tokens (modelled cost) at its first reach of the target by on-policy's for its whole run.
+When on-policy reaches the target before its run ends, that flatters replay: the two sides
+are measured at different points. The ratios here divide by on-policy's own first reach.
+
+The paper's cost to a point is linear in mu on each side, C(mu) = T + mu G, with T the
+rollouts trained and G the rollouts generated up to the first reach. Two such lines cross at
+most once, so one `break_even_mu` and a `break_even_mu_direction` (on which side of it the
+candidate costs less) describe every mu.
+
+A run that never reaches the target costs +inf at every mu (FIRST_REACH_RULE says how that
+enters medians, ratios and the break-even). Studies whose runs were not kept get these
+figures from the per-seed costs their compare.json already holds (`backfill`;
+`python -m replax.tools.same_basis FILE.json ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from replax.tools import analysis
+from replax.tools import report as report_lib
+
+FIRST_REACH_RULE = (
+    "Each side's generated tokens (modelled cost) at its own first reach of the target. A "
+    "seed that never reaches costs +inf: medians over seeds sort it last (null when the "
+    "median lands on it), the median ratio is the candidate's median over the reference's "
+    "(null when either median is), and a seed's ratio is null when either side never "
+    "reaches (first_reach_never names which). break_even_mu: the mu >= 0 where the "
+    "candidate's cost T + mu G to its first reach crosses the reference's, from the medians "
+    "of T and G over seeds, and per seed; a side that never reaches costs +inf at every mu."
+)
+
+# break_even_mu_direction: where the candidate's cost to the target is below the reference's.
+ALWAYS = "always"  # at every mu > 0 (break_even_mu 0)
+ABOVE = "above"  # for mu above break_even_mu
+BELOW = "below"  # only for mu below break_even_mu
+NEVER = "never"  # at no mu >= 0 (break_even_mu null)
+NEITHER = "neither_reaches"  # neither side reaches the target (break_even_mu null)
+
+# The keys this module adds beside compare.json's existing ratios, in this order.
+RATIO_KEYS = (
+    "inference_ratio_first_reach",
+    "compute_ratio_first_reach",
+    "compute_ratio_first_reach_at_mu_measured",
+    "break_even_mu",
+    "break_even_mu_direction",
+)
+
+
+def break_even_mu(
+    candidate_train: float | None,
+    candidate_gen: float | None,
+    reference_train: float | None,
+    reference_gen: float | None,
+) -> tuple[float | None, str]:
+    """(break_even_mu, direction) of the candidate's cost T_c + mu G_c against the
+    reference's T_r + mu G_r over mu >= 0; None for a side's T and G: it never reaches.
+
+    The candidate is cheaper when T_c - T_r < mu (G_r - G_c): with the generation it saves
+    positive, above (T_c - T_r) / (G_r - G_c) (at every mu when that is <= 0); with it
+    negative (the candidate generates more), only below that mu (at none when it is <= 0);
+    with it zero, at every mu or none, by the sign of T_c - T_r."""
+    if candidate_train is None or candidate_gen is None:
+        reference_reaches = reference_train is not None and reference_gen is not None
+        return None, NEVER if reference_reaches else NEITHER
+    if reference_train is None or reference_gen is None:
+        return 0.0, ALWAYS
+    extra_train = float(candidate_train) - float(reference_train)
+    saved_gen = float(reference_gen) - float(candidate_gen)
+    if saved_gen == 0:
+        return (0.0, ALWAYS) if extra_train < 0 else (None, NEVER)
+    crossing = extra_train / saved_gen
+    if saved_gen > 0:
+        return (0.0, ALWAYS) if crossing <= 0 else (crossing, ABOVE)
+    return (None, NEVER) if crossing <= 0 else (crossing, BELOW)
+
+
+def break_even_words(mu: float | None, direction: str | None, short: bool = False) -> str:
+    """Where the candidate is the cheaper one, as a phrase (short: for a table cell)."""
+    at = report_lib.fmt(mu)
+    if short:
+        return {
+            ALWAYS: "every mu",
+            ABOVE: f"mu above {at}",
+            BELOW: f"mu below {at}",
+            NEVER: "no mu",
+            NEITHER: "neither reaches",
+        }.get(direction, "unknown")
+    return {
+        ALWAYS: "cheaper at every mu (break-even mu 0)",
+        ABOVE: f"cheaper for mu above the break-even mu {at}",
+        BELOW: f"cheaper only for mu below {at}",
+        NEVER: "cheaper at no mu (no break-even)",
+        NEITHER: "neither side reaches the target",
+    }.get(direction, "break-even unknown")
+
+
+def rollouts_from_costs(
+    cost_a: float | None, mu_a: float, cost_b: float | None, mu_b: float
+) -> tuple[int, int] | None:
+    """(T, G), the rollouts trained and generated at a point, from its modelled costs at two
+    mus: T + mu_a G = cost_a and T + mu_b G = cost_b. None when the point is never reached
+    (a cost None or inf); ValueError when the two mus are equal (one equation, two counts)."""
+    if mu_a == mu_b:
+        raise ValueError(f"one mu ({mu_a:g}) cannot separate rollouts trained from generated")
+    if cost_a is None or cost_b is None or math.isinf(cost_a) or math.isinf(cost_b):
+        return None
+    gen = (cost_a - cost_b) / (mu_a - mu_b)
+    train = cost_a - mu_a * gen
+    # Counts of rollouts: whole numbers, up to the rounding of the costs they came from.
+    return round(train), round(gen)
+
+
+def _value(variant: dict[str, Any], key: str, seed: int | None = None):
+    if seed is None:
+        return variant.get(key)
+    return variant["per_seed"][key][variant["seeds"].index(seed)]
+
+
+def ratios(candidate: dict[str, Any], reference: dict[str, Any], seed: int | None = None):
+    """The same-basis figures (RATIO_KEYS) of two compare.json variants: of their medians,
+    or of one seed's figures. Medians are None where "never" (+inf) lands, as seeds are."""
+
+    def get(variant, key):
+        return _value(variant, key, seed)
+
+    mu, direction = break_even_mu(
+        get(candidate, "train_rollouts_to_target"),
+        get(candidate, "gen_rollouts_to_target"),
+        get(reference, "train_rollouts_to_target"),
+        get(reference, "gen_rollouts_to_target"),
+    )
+    return {
+        "inference_ratio_first_reach": analysis.ratio(
+            get(candidate, "gen_tokens_to_target"), get(reference, "gen_tokens_to_target")
+        ),
+        "compute_ratio_first_reach": analysis.ratio(
+            get(candidate, "cost_to_target"), get(reference, "cost_to_target")
+        ),
+        "compute_ratio_first_reach_at_mu_measured": analysis.ratio(
+            get(candidate, "cost_to_target_at_mu_measured"),
+            get(reference, "cost_to_target_at_mu_measured"),
+        ),
+        "break_even_mu": mu,
+        "break_even_mu_direction": direction,
+    }
+
+
+def per_seed(
+    candidate: dict[str, Any], reference: dict[str, Any], seeds: Sequence[int], names=("", "")
+) -> dict[str, list]:
+    """RATIO_KEYS as lists over `seeds` (those both variants have), and `first_reach_never`:
+    per seed None, or which side never reaches (names: (candidate, reference)), or "both"."""
+    rows = [ratios(candidate, reference, seed) for seed in seeds]
+    out = {k: [row[k] for row in rows] for k in RATIO_KEYS}
+    never = []
+    for seed in seeds:
+        missing = [_value(v, "gen_tokens_to_target", seed) is None for v in (candidate, reference)]
+        never.append(
+            "both" if all(missing) else names[missing.index(True)] if any(missing) else None
+        )
+    out["first_reach_never"] = never
+    return out
+
+
+HEADLINE_START = "Same basis, each side's own first reach of the target"
+
+
+def headline(payload: dict[str, Any], candidate: str, reference: str) -> str:
+    """compare.md's first line: the candidate's same-basis ratios and break-even."""
+    fmt, mu = report_lib.fmt, payload["mu_model"]
+    at_measured = ""
+    if payload.get("mu_measured") is not None:
+        measured = payload.get("compute_ratio_first_reach_at_mu_measured")
+        at_measured = f" ({fmt(measured)} at the measured mu={fmt(payload['mu_measured'])})"
+    where = break_even_words(payload.get("break_even_mu"), payload.get("break_even_mu_direction"))
+    figures = _no_ratio(payload, candidate, reference) or (
+        f"tokens {fmt(payload.get('inference_ratio_first_reach'))}, cost "
+        f"{fmt(payload.get('compute_ratio_first_reach'))} at mu={mu:g}{at_measured}"
+    )
+    return (
+        f"{HEADLINE_START} ({100 * payload['target_accuracy']:.1f}%): {candidate} over "
+        f"{reference}, {figures}; {candidate} {where}.\n"
+    )
+
+
+def _no_ratio(payload: dict[str, Any], name: str, reference: str) -> str | None:
+    """Why a median ratio is null, when it is: a side's median seed never reaches the target
+    (a null ratio is no figure for either side, unlike a cost's "never"), or a side has no
+    runs in this study (a study of some variants, with --target)."""
+    variants = payload["variants"]
+    absent = [v for v in (name, reference) if v not in variants]
+    if absent:
+        return f"no ratio (no {absent[0]} runs)"
+    never = [v for v in (name, reference) if variants[v].get("gen_tokens_to_target") is None]
+    if not never:
+        return None
+    if len(never) == 2:
+        return "no ratio (neither median seed reaches it)"
+    return f"no ratio ({never[0]}'s median seed never reaches it)"
+
+
+def _cheaper(figures: dict[str, Any]) -> str:
+    return break_even_words(
+        figures.get("break_even_mu"), figures.get("break_even_mu_direction"), short=True
+    )
+
+
+def notes(payload: dict[str, Any], candidate: str, reference: str) -> str:
+    """compare.md's lines below the table: the target, the other variants on the same
+    basis, the earlier ratios named for what they are, and how "never" counts."""
+    mu = payload["mu_model"]
+    lines = [
+        f"Target {100 * payload['target_accuracy']:.1f}% ({payload['target_source']}); "
+        f"medians over seeds {payload['seeds']}."
+    ]
+    others = {v: r for v, r in (payload.get("ratios") or {}).items() if v != candidate}
+    if others:
+        lines.append(
+            f"Same basis against {reference} (tokens / cost at mu={mu:g} / where cheaper): "
+            + "; ".join(
+                f"{v} "
+                + (
+                    _no_ratio(payload, v, reference)
+                    or f"{report_lib.fmt(r.get('inference_ratio_first_reach'))} / "
+                    f"{report_lib.fmt(r.get('compute_ratio_first_reach'))}"
+                )
+                + f" / {_cheaper(r)}"
+                for v, r in others.items()
+            )
+            + "."
+        )
+    lines.append(
+        f"{candidate.capitalize()}'s first reach over {reference}'s whole run (the earlier "
+        f"basis, which flatters {candidate} when {reference} reaches the target before its "
+        f"run ends): inference ratio {report_lib.fmt(payload['inference_ratio'])}, compute "
+        f"ratio {report_lib.fmt(payload['compute_ratio'])} at mu={mu:g}, "
+        f"{report_lib.fmt(payload['compute_ratio_at_mu_measured'])} at the measured "
+        f"mu={report_lib.fmt(payload['mu_measured'])}."
+    )
+    lines.append(f"First reach: {payload.get('first_reach_rule', FIRST_REACH_RULE)}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _seed_cell(versus: dict[str, Any], i: int) -> str:
+    never = versus["first_reach_never"][i]
+    if never is not None:
+        return "both never reach" if never == "both" else f"{never} never reaches"
+    seed = {k: versus[k][i] for k in RATIO_KEYS}
+    return (
+        f"{report_lib.fmt(seed['inference_ratio_first_reach'])} / "
+        f"{report_lib.fmt(seed['compute_ratio_first_reach'])} / {_cheaper(seed)}"
+    )
+
+
+def versus_lines(name: str, reference: str, versus: dict[str, Any], mu: float) -> list[str]:
+    """compare.md's per-seed ratios of a variant: the same basis first, then (when the
+    payload has them) its first reach over the reference's whole run."""
+    same = ", ".join(
+        f"seed {seed}: {_seed_cell(versus, i)}" for i, seed in enumerate(versus["seeds"])
+    )
+    lines = [
+        f"{name} against {reference}, same basis per seed (tokens / cost at mu={mu:g} / "
+        f"where {name} is cheaper): {same}."
+    ]
+    if "inference_ratio" in versus:
+        earlier = ", ".join(
+            f"seed {seed}: {report_lib.fmt(a)} / {report_lib.fmt(b)}"
+            for seed, a, b in zip(
+                versus["seeds"], versus["inference_ratio"], versus["compute_ratio"]
+            )
+        )
+        lines.append(
+            f"{name}'s first reach over {reference}'s whole run, per seed (inference / compute "
+            f"ratio): {earlier}."
+        )
+    return lines
+
+
+def _with_keys_before(payload: dict, anchor: str, new: dict) -> dict:
+    """payload with `new`'s keys placed just before `anchor` (at the end without it)."""
+    if anchor not in payload:
+        return {**{k: v for k, v in payload.items() if k not in new}, **new}
+    out = {}
+    for k, v in payload.items():
+        if k == anchor:
+            out.update(new)
+        if k not in new:
+            out[k] = v
+    return out
+
+
+def backfill(payload: dict[str, Any], reference: str = "onpolicy", candidate: str = "replay"):
+    """A compare.json of runs not kept, given the same-basis figures compare.py now writes,
+    from the per-seed data it holds: each seed's rollouts trained and generated to the
+    target solved from its cost_to_target at mu_model and cost_to_target_at_mu_measured at
+    mu_measured (`rollouts_from_costs`), then RATIO_KEYS at the top level, under `ratios`
+    and per seed under `versus`, and `first_reach_rule`. Marks the payload with
+    `same_basis_backfilled`. Returns a new payload."""
+    mu_model = payload["mu_model"]
+    mu_measured = payload["mu_measured"] if payload.get("mu_measured") is not None else mu_model
+    variants = {}
+    for v, s in payload["variants"].items():
+        s = {**s, "per_seed": dict(s["per_seed"])}
+        ps = s["per_seed"]
+        counts = [
+            rollouts_from_costs(a, mu_model, b, mu_measured)
+            for a, b in zip(ps["cost_to_target"], ps["cost_to_target_at_mu_measured"])
+        ]
+        for i, key in enumerate(("train_rollouts_to_target", "gen_rollouts_to_target")):
+            ps[key] = [None if c is None else c[i] for c in counts]
+            s[key] = analysis.median(ps[key])
+        variants[v] = s
+    out = {**payload, "variants": variants}
+    ref = variants[reference]
+    by_variant = {}
+    versus = dict(payload.get("versus") or {})
+    for v, s in variants.items():
+        if v == reference:
+            continue
+        by_variant[v] = ratios(s, ref)
+        seeds = [seed for seed in s["seeds"] if seed in ref["seeds"]]
+        old = versus.get(v) or {"seeds": seeds}
+        versus[v] = _with_keys_before(
+            old, "inference_ratio", per_seed(s, ref, seeds, names=(v, reference))
+        )
+    out["ratios"] = {
+        v: _with_keys_before(dict(r), "inference_ratio", by_variant[v])
+        for v, r in (payload.get("ratios") or {}).items()
+        if v in by_variant
+    } or by_variant
+    top = {"first_reach_rule": FIRST_REACH_RULE, **by_variant.get(candidate, {})}
+    out = _with_keys_before(out, "inference_ratio", top)
+    out["versus"] = versus
+    out["same_basis_backfilled"] = (
+        "runs not kept: each seed's rollouts trained and generated to the target solved from "
+        f"its cost_to_target at mu_model ({mu_model:g}) and cost_to_target_at_mu_measured at "
+        f"mu_measured ({mu_measured:.4g}) by replax.tools.same_basis.backfill"
+    )
+    return out
+
+
+def _old_versus(name: str, reference: str) -> str:
+    """How compare.md's per-seed ratio line began before the same basis."""
+    return f"{name} against {reference}: inference / compute ratio per seed"
+
+
+def backfill_markdown(text: str, payload: dict[str, Any], reference="onpolicy", candidate="replay"):
+    """compare.md of a backfilled payload: the same-basis headline first, the target
+    paragraph replaced by `notes`, and each variant's per-seed ratio line by `versus_lines`
+    (added after the notes where the file has none). Lines it does not know are kept, and a
+    file backfilled before is made again, not doubled."""
+    versus, mu = payload.get("versus") or {}, payload["mu_model"]
+
+    def per_seed_variant(line: str) -> str | None:
+        starts = {
+            v: (_old_versus(v, reference), f"{v} against {reference}, same basis") for v in versus
+        }
+        return next((v for v, s in starts.items() if line.startswith(s)), None)
+
+    lines = text.split("\n")
+    if lines[0].startswith(HEADLINE_START):
+        lines = lines[2:]
+    in_file = {per_seed_variant(line) for line in lines} - {None}
+    made_before = ("Same basis against ", f"{candidate.capitalize()}'s first reach over ",
+                   "First reach: ")  # fmt: skip
+    out = [headline(payload, candidate, reference).rstrip("\n"), ""]
+    for line in lines:
+        name = per_seed_variant(line)
+        if line.startswith("Target "):
+            out.extend(notes(payload, candidate, reference).strip("\n").split("\n"))
+            for v in versus:
+                if v not in in_file:
+                    out.extend(versus_lines(v, reference, versus[v], mu))
+        elif name is not None:
+            out.extend(versus_lines(name, reference, versus[name], mu))
+        elif line.startswith(made_before) or (
+            "'s first reach over " in line and "whole run, per seed" in line
+        ):
+            continue
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Backfills each FILE.json given (a compare.json) and its FILE.md in place."""
+    for path in argv:
+        with open(path) as f:
+            payload = backfill(json.load(f))
+        report_lib.write_json(path, payload)
+        md = path[: -len(".json")] + ".md"
+        with open(md) as f:
+            text = f.read()
+        with open(md, "w") as f:
+            f.write(backfill_markdown(text, payload))
+        print(f"{path}: same basis {payload['inference_ratio_first_reach']} tokens, "
+              f"{payload['compute_ratio_first_reach']} cost, break-even mu "
+              f"{payload['break_even_mu']} ({payload['break_even_mu_direction']})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

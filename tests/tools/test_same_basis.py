@@ -1,0 +1,251 @@
+"""Tests for replax/tools/same_basis.py: the break-even mu against a numpy sweep of the two
+cost lines, the rollouts recovered from two costs, the ratios of each side's own first reach,
+and the backfill of a compare.json whose runs were not kept."""
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+from replax.tools import same_basis as sb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_break_even_mu_by_hand():
+    # Replay trains 17,792 more rollouts and generates 13,408 fewer (the embedded default's
+    # medians at 5 seeds): cheaper above 17,792 / 13,408 = 1.327.
+    mu, direction = sb.break_even_mu(41600, 10400, 23808, 23808)
+    assert direction == sb.ABOVE and mu == pytest.approx(17792 / 13408)
+    # Trains no more and generates less: cheaper at every mu.
+    assert sb.break_even_mu(256, 128, 256, 256) == (0.0, sb.ALWAYS)
+    # Trains more, generates as much: at no mu. Trains less, generates as much: at every mu.
+    assert sb.break_even_mu(384, 192, 192, 192) == (None, sb.NEVER)
+    assert sb.break_even_mu(100, 192, 192, 192) == (0.0, sb.ALWAYS)
+    # Trains 100 fewer and generates 50 more: cheaper only below mu = 2.
+    assert sb.break_even_mu(100, 150, 200, 100) == (2.0, sb.BELOW)
+    # Trains more and generates more: never.
+    assert sb.break_even_mu(300, 150, 200, 100) == (None, sb.NEVER)
+    # A side that never reaches costs +inf at every mu.
+    assert sb.break_even_mu(None, None, 10, 10) == (None, sb.NEVER)
+    assert sb.break_even_mu(10, 10, None, None) == (0.0, sb.ALWAYS)
+    assert sb.break_even_mu(None, None, None, None) == (None, sb.NEITHER)
+
+
+def test_break_even_mu_against_a_numpy_sweep_of_the_cost_lines():
+    rng = np.random.default_rng(0)
+    mus = np.linspace(0, 40, 40001)[1:]  # mu > 0
+    cases = rng.integers(1, 400, size=(300, 4)).tolist()
+    cases += [[50, 20, 50, 30], [50, 30, 50, 20], [60, 20, 50, 20], [40, 20, 50, 20]]
+    seen = set()
+    for tc, gc, tr, gr in cases:
+        cheaper = tc + mus * gc < tr + mus * gr
+        mu, direction = sb.break_even_mu(tc, gc, tr, gr)
+        seen.add(direction)
+        # Grid points within one step of the crossing may fall on either side of it.
+        away = np.ones_like(mus, bool) if mu is None else np.abs(mus - mu) > 1e-3
+        expected = {
+            sb.ALWAYS: np.ones_like(mus, bool),
+            sb.NEVER: np.zeros_like(mus, bool),
+            sb.ABOVE: mus > (mu or 0),
+            sb.BELOW: mus < (mu or 0),
+        }[direction]
+        np.testing.assert_array_equal(cheaper[away], expected[away], err_msg=str((tc, gc, tr, gr)))
+    assert seen == {sb.ALWAYS, sb.ABOVE, sb.BELOW, sb.NEVER}
+
+
+def test_rollouts_from_two_costs():
+    # A seed of the embedded default: 300 steps of B = 64 trained and R = 16 generated cost
+    # 19,200 + 6 x 4,800 = 48,000 at mu 6, and this at the study's measured mu.
+    mu_measured = 0.25286505701910644
+    assert sb.rollouts_from_costs(48000.0, 6.0, 20413.752273691713, mu_measured) == (19200, 4800)
+    assert sb.rollouts_from_costs(None, 6.0, 1.0, 0.5) is None
+    assert sb.rollouts_from_costs(float("inf"), 6.0, 1.0, 0.5) is None
+    with pytest.raises(ValueError, match="one mu"):
+        sb.rollouts_from_costs(1.0, 6.0, 1.0, 6.0)
+
+
+def variant(seeds, tokens, train, gen, mu=6.0, mu_measured=0.5):
+    """A compare.json variant from its seeds' first reaches (None: never), with the medians
+    compare.py takes (never as +inf, null when the median lands on it)."""
+
+    def cost(m):
+        return [None if t is None else t + m * g for t, g in zip(train, gen)]
+
+    per_seed = {
+        "gen_tokens_to_target": tokens,
+        "train_rollouts_to_target": train,
+        "gen_rollouts_to_target": gen,
+        "cost_to_target": cost(mu),
+        "cost_to_target_at_mu_measured": cost(mu_measured),
+    }
+
+    def median(values):
+        got = np.median([np.inf if v is None else v for v in values])
+        return None if np.isinf(got) else float(got)
+
+    return {"seeds": seeds, "per_seed": per_seed, **{k: median(v) for k, v in per_seed.items()}}
+
+
+def test_ratios_of_each_sides_own_first_reach():
+    # The runs of tests/scripts/test_compare.py: on-policy reaches at 400 tokens (256
+    # trained and generated) and 300 (192), never at seed 2; replay at 200 (256 trained,
+    # 128 generated) and 300 (384, 192), never at seed 2.
+    ref = variant([0, 1, 2], [400, 300, None], [256, 192, None], [256, 192, None])
+    cand = variant([0, 1, 2], [200, 300, None], [256, 384, None], [128, 192, None])
+    got = sb.ratios(cand, ref)
+    # Medians with never last: on-policy 400 tokens, cost 256 + 6 x 256; replay 300,
+    # 384 + 6 x 192; break-even (384 - 256) / (256 - 192) = 2.
+    assert got["inference_ratio_first_reach"] == pytest.approx(300 / 400)
+    assert got["compute_ratio_first_reach"] == pytest.approx(1536 / 1792)
+    assert got["compute_ratio_first_reach_at_mu_measured"] == pytest.approx(480 / 384)
+    assert (got["break_even_mu"], got["break_even_mu_direction"]) == (2.0, sb.ABOVE)
+    seeds = sb.per_seed(cand, ref, [0, 1, 2], names=("replay", "onpolicy"))
+    assert seeds["inference_ratio_first_reach"] == pytest.approx([0.5, 1.0, None])
+    assert seeds["compute_ratio_first_reach"] == pytest.approx([1024 / 1792, 1536 / 1344, None])
+    assert seeds["break_even_mu"] == [0.0, None, None]
+    assert seeds["break_even_mu_direction"] == [sb.ALWAYS, sb.NEVER, sb.NEITHER]
+    assert seeds["first_reach_never"] == [None, None, "both"]
+    # One side alone never reaching is named; its ratio is null either way.
+    ref1 = variant([0], [None], [None], [None])
+    cand1 = variant([0], [100], [64], [16])
+    one = sb.per_seed(cand1, ref1, [0], names=("replay", "onpolicy"))
+    assert one["first_reach_never"] == ["onpolicy"]
+    assert one["inference_ratio_first_reach"] == [None]
+    assert one["break_even_mu_direction"] == [sb.ALWAYS]
+    assert sb.per_seed(ref1, cand1, [0], names=("replay", "onpolicy"))["first_reach_never"] == [
+        "replay"
+    ]
+
+
+def old_payload():
+    """A compare.json as compare.py wrote it before the same basis (per-seed costs at mu 6
+    and at the measured mu, no rollout counts), from the runs of the test above."""
+    ref = variant([0, 1, 2], [400, 300, None], [256, 192, None], [256, 192, None], 6.0, 0.45)
+    cand = variant([0, 1, 2], [200, 300, None], [256, 384, None], [128, 192, None], 6.0, 0.45)
+    for v in (ref, cand):
+        for key in ("train_rollouts_to_target", "gen_rollouts_to_target"):
+            del v[key], v["per_seed"][key]
+    return {
+        "variants": {"onpolicy": ref, "replay": cand},
+        "target_accuracy": 0.5,
+        "target_source": "onpolicy median final accuracy",
+        "mu_model": 6.0,
+        "mu_measured": 0.45,
+        "inference_ratio": 0.75,
+        "compute_ratio": 1536 / 1792,
+        "compute_ratio_at_mu_measured": 0.9,
+        "ratios": {"replay": {"inference_ratio": 0.75, "compute_ratio": 1536 / 1792}},
+        "seeds": [0, 1, 2],
+    }
+
+
+def test_backfill_of_a_compare_json_whose_runs_were_not_kept():
+    payload = sb.backfill(old_payload())
+    rp = payload["variants"]["replay"]
+    # Solved from the two costs: the counts the runs had.
+    assert rp["per_seed"]["train_rollouts_to_target"] == [256, 384, None]
+    assert rp["per_seed"]["gen_rollouts_to_target"] == [128, 192, None]
+    assert (rp["train_rollouts_to_target"], rp["gen_rollouts_to_target"]) == (384, 192)
+    assert payload["inference_ratio_first_reach"] == pytest.approx(0.75)
+    assert payload["compute_ratio_first_reach"] == pytest.approx(1536 / 1792)
+    assert (payload["break_even_mu"], payload["break_even_mu_direction"]) == (2.0, sb.ABOVE)
+    assert payload["first_reach_rule"] == sb.FIRST_REACH_RULE
+    assert payload["same_basis_backfilled"]
+    # Beside (ahead of) the earlier ratios, at the top level and under `ratios`.
+    keys = list(payload)
+    assert keys.index("inference_ratio_first_reach") < keys.index("inference_ratio")
+    assert list(payload["ratios"]["replay"])[:2] == [
+        "inference_ratio_first_reach",
+        "compute_ratio_first_reach",
+    ]
+    versus = payload["versus"]["replay"]
+    assert versus["seeds"] == [0, 1, 2]
+    assert versus["break_even_mu_direction"] == [sb.ALWAYS, sb.NEVER, sb.NEITHER]
+    # compare.md: the same basis first; the target line becomes the notes; a file made
+    # again is not doubled.
+    old = "| variant |\n|---|\n\nTarget 50.0% (x); medians. inference ratio 0.75.\n\nProvenance."
+    text = sb.backfill_markdown(old, payload)
+    assert text.startswith(
+        "Same basis, each side's own first reach of the target (50.0%): replay over onpolicy, "
+        "tokens 0.75, cost 0.857 at mu=6 (1.27 at the measured mu=0.45); replay cheaper for "
+        "mu above the break-even mu 2.\n\n| variant |"
+    )
+    assert "Replay's first reach over onpolicy's whole run" in text and "Provenance." in text
+    assert (
+        "replay against onpolicy, same basis per seed (tokens / cost at mu=6 / where replay is "
+        "cheaper): seed 0: 0.5 / 0.571 / every mu, seed 1: 1 / 1.14 / no mu, seed 2: both "
+        "never reach."
+    ) in text
+    assert sb.backfill_markdown(text, payload) == text
+
+
+def test_a_median_that_never_reaches_gives_no_ratio_not_never():
+    # Two on-policy seeds, one reaching: its median lands on "never"; replay's both reach.
+    ref = variant([0, 1], [None, 300], [None, 192], [None, 192])
+    cand = variant([0, 1], [200, 100], [256, 128], [128, 64])
+    payload = {
+        "variants": {"onpolicy": ref, "replay": cand},
+        "target_accuracy": 0.5,
+        "mu_model": 6.0,
+        "mu_measured": None,
+        **sb.ratios(cand, ref),
+    }
+    assert payload["inference_ratio_first_reach"] is None
+    assert (payload["break_even_mu"], payload["break_even_mu_direction"]) == (0.0, sb.ALWAYS)
+    assert sb.headline(payload, "replay", "onpolicy") == (
+        "Same basis, each side's own first reach of the target (50.0%): replay over onpolicy, "
+        "no ratio (onpolicy's median seed never reaches it); replay cheaper at every mu "
+        "(break-even mu 0).\n"
+    )
+
+
+# Every compare.py report committed: the *compare*.json files and the entropy study's.
+STUDIES = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "*compare*.json")))
+STUDIES.append(os.path.join(ROOT, "docs", "results", "entropy_study.json"))
+
+
+@pytest.mark.parametrize("path", STUDIES)
+def test_every_committed_study_has_the_same_basis(path):
+    """Each committed compare.json holds the same-basis keys, and its median ratios are
+    replay's median first reach over on-policy's (never as +inf) recomputed here."""
+    with open(path) as f:
+        payload = json.load(f)
+    for key in ("inference_ratio_first_reach", "compute_ratio_first_reach", "break_even_mu"):
+        assert key in payload, key
+    on, rp = payload["variants"]["onpolicy"], payload["variants"]["replay"]
+
+    def median(values):
+        return np.median([np.inf if v is None else v for v in values])
+
+    for ratio, key in (
+        ("inference_ratio_first_reach", "gen_tokens_to_target"),
+        ("compute_ratio_first_reach", "cost_to_target"),
+    ):
+        expected = median(rp["per_seed"][key]) / median(on["per_seed"][key])
+        if np.isfinite(expected) and expected > 0:
+            assert payload[ratio] == pytest.approx(expected), ratio
+        else:
+            assert payload[ratio] is None, ratio
+
+
+def test_notes_of_a_study_without_the_reference():
+    """A study of replay variants alone (compare.py --variants=replay,replay_cov --target=T):
+    no ratio to name, and the notes still read."""
+    cand = variant([0], [100], [64], [16])
+    payload = {
+        "variants": {"replay": cand, "replay_cov": cand},
+        "target_accuracy": 0.5,
+        "target_source": "--target",
+        "seeds": [0],
+        "mu_model": 6.0,
+        "mu_measured": None,
+        "inference_ratio": None,
+        "compute_ratio": None,
+        "compute_ratio_at_mu_measured": None,
+        "ratios": {v: dict.fromkeys(sb.RATIO_KEYS) for v in ("replay", "replay_cov")},
+    }
+    text = sb.notes(payload, "replay", "onpolicy")
+    assert "replay_cov no ratio (no onpolicy runs) / unknown." in text
