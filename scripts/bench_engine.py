@@ -119,8 +119,8 @@ def main(argv):
     import jax
     import jax.numpy as jnp
     import numpy as np
-
     from benchmarks.common import NEW_TOKENS, PROMPT_LEN, reference_model_config
+
     from replax.model import transformer as model_lib
     from replax.sampling import engine as engine_lib
     from replax.sampling import sampler as sampler_lib
