@@ -65,6 +65,8 @@ def rollout(
     max_new_tokens: int,
     dtype: str = "",
     cache_dtype: str = "",
+    slots: int = 0,
+    refill_every: int = 4,
 ) -> ml_collections.ConfigDict:
     """Rollouts: R = prompts_per_step x group_size fresh completions per step."""
     r = ml_collections.ConfigDict()
@@ -93,6 +95,12 @@ def rollout(
     r.num_devices = 0
     r.sync_every = 1
     r.max_policy_lag = 1
+    # The rollout engine (continuous batching): this many slots decode at once, a slot
+    # whose completion stops taking the next queued (prompt, sample) every refill_every
+    # decode steps. The KV cache is slots x (prompt + cap) whatever R is. 0: the static
+    # sampler, all R rows decoded until the longest one stops.
+    r.slots = slots
+    r.refill_every = refill_every
     return r
 
 

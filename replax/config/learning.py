@@ -35,9 +35,13 @@ class RolloutSection:
     num_devices: int
     sync_every: int
     max_policy_lag: int
+    slots: int
+    refill_every: int
 
     def __post_init__(self):
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        number("rollout.slots", self.slots, low=0, integer=True)
+        number("rollout.refill_every", self.refill_every, low=1, integer=True)
         one_of("rollout.placement", self.placement, sections.PLACEMENTS)
         number("rollout.num_devices", self.num_devices, low=0, integer=True)
         number("rollout.sync_every", self.sync_every, low=1, integer=True)
@@ -61,6 +65,18 @@ class RolloutSection:
             if getattr(self, key):
                 one_of(f"rollout.{key}", getattr(self, key), tuple(model_lib.DTYPES))
         number("rollout.top_p_candidates", self.top_p_candidates, low=1, integer=True)
+        require(
+            not self.slots or self.refill_every <= self.max_new_tokens,
+            f"rollout.refill_every={self.refill_every} exceeds the length cap "
+            f"rollout.max_new_tokens={self.max_new_tokens}: allowed is 1 <= refill_every <= "
+            f"{self.max_new_tokens}",
+        )
+        require(
+            self.slots <= self.rollouts,
+            f"rollout.slots={self.slots} exceeds the rollouts a step generates (rollout R = "
+            f"prompts_per_step x group_size={self.rollouts}): allowed is 0 (the static "
+            f"sampler) or 1 <= slots <= {self.rollouts}",
+        )
 
     @property
     def rollouts(self) -> int:

@@ -34,6 +34,8 @@ ADDED_KEYS = {
     "rollout.num_devices": 0,
     "rollout.sync_every": 1,
     "rollout.max_policy_lag": 1,
+    "rollout.slots": 0,
+    "rollout.refill_every": 4,
     "train.max_steps_per_generation": 1,
     "task.long_prompts": "error",
     "loss.positive_weight": 1.0,

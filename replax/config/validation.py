@@ -303,6 +303,11 @@ def validate_rollout_batch(spec, sampler_shape, num_devices: int, processes: int
     require(
         r % split == 0, f"rollout R = prompts_per_step x group_size={r} is not divisible by {where}"
     )
+    slots = spec.rollout.slots
+    require(
+        slots % split == 0,
+        f"rollout.slots={slots} is not divisible by {where}: allowed are multiples of {split}",
+    )
     require(
         spec.rollout.prompts_per_step % processes == 0,
         f"rollout.prompts_per_step={spec.rollout.prompts_per_step} is not divisible by the "

@@ -33,6 +33,7 @@ from replax.replay import store as replay_lib
 from replax.rl import evaluation, placement, rollouts
 from replax.rl import train_step as train_step_lib
 from replax.run import warmstart as warmstart_lib
+from replax.sampling import engine as engine_lib
 from replax.sampling import sampler as sampler_lib
 from replax.tasks import Example
 from replax.tasks import pipeline as data_lib
@@ -168,6 +169,12 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         rules=rules,
         **spec.rollout.sampler_kwargs(),
     )
+    if spec.rollout.slots:
+        # The engine stands where the sampler does: same calls, same rollouts as the
+        # static sampler with rollout keys, S slots of cache.
+        sampler = engine_lib.make_engine(
+            sampler, slots=spec.rollout.slots, refill_every=spec.rollout.refill_every
+        )
     return Run(
         spec=spec,
         workdir=workdir,

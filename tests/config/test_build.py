@@ -43,6 +43,11 @@ def test_the_shipped_variants_are_valid():
 # bad inputs in docs/bad_input.md is made from this list (scripts/bad_input_table.py).
 BAD_SETTINGS = [
     ({"replay.capacity": 8}, "replay.capacity"),
+    # The rollout engine: 8 rollouts a step, over the 8 data shards of the default mesh.
+    ({"rollout.slots": 16}, "rollout.slots=16 exceeds the rollouts a step generates"),
+    ({"rollout.slots": 4}, "rollout.slots=4 is not divisible by the 8 data shards"),
+    ({"rollout.slots": 8, "rollout.refill_every": 200}, "rollout.refill_every=200 exceeds"),
+    ({"rollout.slots": -1}, "rollout.slots=-1"),
     # R = 2 x 100,000 fresh rollouts a step into N = 32.
     ({"rollout.group_size": 100_000}, "rollout.prompts_per_step x rollout.group_size"),
     ({"rollout.group_size": 1}, "rollout.group_size"),

@@ -209,6 +209,8 @@ BOUNDS = [
     ("optimizer", "grad_clip", 0.0, -1.0, ">= 0"),
     ("optimizer", "warmup_steps", 0, 1.5, "an integer >= 0"),
     ("replay", "capacity", 1, 0, "> 0"),
+    ("rollout", "slots", 0, -1, "an integer >= 0"),
+    ("rollout", "refill_every", 1, 0, "an integer >= 1"),
     ("replay", "delta", 1.0, 1.5, ">= 0 and <= 1"),
     ("replay", "delta", 0.0, -0.1, ">= 0 and <= 1"),
     ("replay", "max_age", 0, -1, "an integer >= 0"),
