@@ -326,6 +326,7 @@ def _fresh_to_host(fresh: rollouts.Fresh, generation: int, version: int) -> dict
         "reward_mean": fresh.reward_mean,
         "reward_errors": int(fresh.reward_errors),
         "diagnostics": {k: _plain(v) for k, v in fresh.diagnostics.items()},
+        "decoded_row_steps": fresh.decoded_row_steps,
         "arrays": arrays,
     }
 
@@ -349,4 +350,5 @@ def _fresh_from_host(pending: dict[str, Any], run) -> rollouts.Fresh:
         reward_errors=pending["reward_errors"],
         lengths=arrays["lengths"],
         diagnostics=dict(pending["diagnostics"]),
+        decoded_row_steps=pending.get("decoded_row_steps"),
     )

@@ -76,6 +76,10 @@ class Fresh:
     diagnostics: dict[str, Any] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(FRESH_KEYS)
     )
+    # Row-steps the sampler decoded for them, on all processes (None: nothing generated):
+    # R x the longest completion for the static sampler, decode steps x slots for the
+    # engine. What generation cost, beside the tokens it kept.
+    decoded_row_steps: int | None = None
 
 
 # What a generating step reports of its fresh completions (`completion_stats`).
@@ -156,6 +160,9 @@ class Scored:
     table: jax.sharding.NamedSharding | None  # the same for [rows, ...] tables
     local: bool  # decoded on this process's devices alone (`process_local`)
     block: tuple[int, int]  # local: (i, n), these rows are the i-th of n blocks
+    # The engine's decode steps x slots, this process's decoding (None: the static
+    # sampler, whose row-steps follow from the lengths).
+    engine_row_steps: int | None = None
 
 
 def process_local(sampler) -> bool:
@@ -200,14 +207,21 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
                 f"of {r}, not the completions of its {prompts['local_count']} prompts: "
                 "allowed are sampler meshes that split rows over processes as training does"
             )
-    out = sampler.generate(
-        params,
-        prompt_ids,
-        prompt_mask,
-        rng,
-        num_samples=group_size,
-        row_block=block,
-    )
+    engine_row_steps = None
+    if hasattr(sampler, "generate_with_stats"):  # the rollout engine
+        out, stats = sampler.generate_with_stats(
+            params, prompt_ids, prompt_mask, rng, num_samples=group_size, row_block=block
+        )
+        engine_row_steps = int(stats.decode_steps) * sampler.slots
+    else:
+        out = sampler.generate(
+            params,
+            prompt_ids,
+            prompt_mask,
+            rng,
+            num_samples=group_size,
+            row_block=block,
+        )
     answers = np.repeat(prompts["answer"], group_size)
     texts = prompts.get("prompt_text")
     texts = None if texts is None else np.repeat(texts, group_size)
@@ -226,6 +240,7 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
         table,
         local,
         block,
+        engine_row_steps,
     )
 
 
@@ -248,6 +263,13 @@ def finish(scored: Scored) -> Fresh:
         prompt_ids = processes.global_from_whole(repeat(scored.prompt_ids), scored.table)
         prompt_mask = processes.global_from_whole(repeat(scored.prompt_mask), scored.table)
         all_rewards, lengths = processes.to_host(rewards), processes.to_host(out.lengths)
+    if scored.engine_row_steps is None:
+        # Every row decodes until the longest stops.
+        decoded = int(len(lengths) * np.max(lengths))
+    elif scored.local:  # each process ran its own engine over its block
+        decoded = int(processes.sum_over_processes(np.array([scored.engine_row_steps]))[0])
+    else:
+        decoded = scored.engine_row_steps
     return Fresh(
         prompt_ids,
         prompt_mask,
@@ -257,6 +279,7 @@ def finish(scored: Scored) -> Fresh:
         int(errors),
         lengths,
         completion_stats(all_rewards, lengths, int(truncated), g),
+        decoded,
     )
 
 

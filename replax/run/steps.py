@@ -91,7 +91,7 @@ def step_record(run: Run, loop, step_rollouts: StepRollouts, stats, step_metrics
     fresh, generated = step_rollouts.rollouts, step_rollouts.generated
     seconds = processes.from_process_zero(np.array([step_rollouts.gen_s, train_s]))
     gen_s, train_s = (float(t) for t in seconds)
-    account_step(account, run, fresh.lengths, gen_s, train_s)
+    account_step(account, run, fresh.lengths, gen_s, train_s, fresh.decoded_row_steps)
     kept = int(stats["rollouts_kept"]) if generated else None
     schedule.observe(
         gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
@@ -106,6 +106,12 @@ def step_record(run: Run, loop, step_rollouts: StepRollouts, stats, step_metrics
         "reward_errors": loop.reward_errors,
         **fresh.diagnostics,
         "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
+        # Decoded row-steps that produced a kept token: what the rollout engine raises.
+        "useful_row_step_frac": (
+            int(fresh.lengths.sum()) / fresh.decoded_row_steps
+            if generated and fresh.decoded_row_steps
+            else None
+        ),
         "skipped_steps": loop.skipped_steps,
         **stats,
         "rollout_entropy": float(stats["rollout_entropy"]) if generated else None,
@@ -138,15 +144,24 @@ def placement_record(disjoint, loop, step, fresh: StepRollouts, t_start):
     }
 
 
-def account_step(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:
+def account_step(
+    account: metrics_lib.ComputeAccount,
+    run: Run,
+    lengths,
+    gen_s,
+    train_s,
+    decoded_row_steps: int | None = None,
+) -> None:
     """Adds one step's generation (lengths int[R] of the completions, or None when the
-    step generated nothing) and training to the cumulative compute account."""
+    step generated nothing; decoded_row_steps: the row-steps the sampler decoded, None:
+    R x the longest, as the static sampler does) and training to the compute account."""
     c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
     if lengths is not None:
         account.gen_tokens += int(lengths.sum())
+        decoded = r * int(lengths.max()) if decoded_row_steps is None else decoded_row_steps
         account.gen_flops += flops_lib.generate_flops(
-            run.model_config, r, c.rollout.max_prompt_len, int(lengths.max()), run.seq_len
-        )
+            run.model_config, r, c.rollout.max_prompt_len, 0, run.seq_len
+        ) + decoded * flops_lib.forward_flops_per_token(run.model_config, run.seq_len)
         account.gen_rollouts += r
     account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len)
     account.gen_s += gen_s

@@ -17,7 +17,10 @@ from replax.sampling import sampler as sampler_lib
 CONFIG = dataclasses.replace(TINY, max_len=24)
 PROMPT_LEN, NEW_TOKENS, PAD = 6, 12, 0
 STOPS = (62, 63)
-G = 3
+G = 2
+# The sampling setting of the checks against rollouts generated alone: top-p, two stop ids.
+TOP_P = dict(temperature=0.8, top_p=0.7)
+RNG = 11
 
 
 @pytest.fixture(scope="module")
@@ -75,51 +78,66 @@ def assert_same(out, reference):
     np.testing.assert_allclose(out.logprobs, reference["logprobs"], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.7)])
-def test_every_rollout_equals_the_same_rollout_alone(params, sampling):
+@pytest.fixture(scope="module")
+def reference(params):
+    """Every rollout of the prompts generated alone (compiled once per rollout index)."""
+    ids, mask = prompts()
+    return alone(make(**TOP_P), params, ids, mask, jax.random.key(RNG))
+
+
+def test_every_rollout_equals_the_same_rollout_alone(params, reference):
     """At several slot counts and refill intervals (fewer slots than rollouts, so slots
     refill; more slots than rollouts, so some stay empty), with two stop ids and top-p."""
     ids, mask = prompts()
-    rng = jax.random.key(11)
-    sampler = make(**sampling)
-    reference = alone(sampler, params, ids, mask, rng)
+    sampler = make(**TOP_P)
     lengths = reference["lengths"]
     # The setting exercises what it should: stops at several lengths, and the cap.
     assert len(set(lengths.tolist())) >= 3 and lengths.max() == NEW_TOKENS and lengths.min() < 4
     for slots, refill_every in ((1, 1), (3, 2), (5, NEW_TOKENS), (16, 3)):
         engine = engine_lib.make_engine(sampler, slots=slots, refill_every=refill_every)
-        out, stats = engine.generate_with_stats(params, ids, mask, rng, num_samples=G)
+        out, stats = engine.generate_with_stats(
+            params, ids, mask, jax.random.key(RNG), num_samples=G
+        )
         assert_same(out, reference)
-        # Every kept token was decoded once, and the slots decoded no more than the
-        # static batch of S rows would (the longest rollout bounds each refill).
+        # Every kept token was decoded once, and the slots decoded at least that much.
         assert int(stats.useful_row_steps) == lengths.sum()
         assert int(stats.decode_steps) * slots >= lengths.sum()
         if slots < len(lengths):
             assert int(stats.refills) > 1
 
 
-def test_the_static_sampler_with_rollout_keys_gives_the_same_rollouts(params):
+def test_the_static_sampler_with_rollout_keys_gives_the_same_rollouts(params, reference):
     """The static sampler's whole batch under rollout keys holds the rollouts alone: what
-    lets the engine stand in for it in a run."""
+    lets the engine stand in for it in a run. Without them it draws other ones."""
     ids, mask = prompts()
-    rng = jax.random.key(4)
-    sampler = make()
+    sampler = make(**TOP_P)
+    rng = jax.random.key(RNG)
     batch = sampler.generate(params, ids, mask, rng, num_samples=G, rollout_keys=True)
-    assert_same(batch, alone(sampler, params, ids, mask, rng))
-    # The static sampler's own draw (one [N, R] table) is another rollout.
+    assert_same(batch, reference)
     plain = sampler.generate(params, ids, mask, rng, num_samples=G)
     assert not np.array_equal(np.asarray(plain.tokens), np.asarray(batch.tokens))
 
 
-def test_on_eight_devices_the_rollouts_are_those_alone(params):
+def test_the_engine_equals_the_static_sampler_at_temperature_one(params):
+    ids, mask = prompts()
+    sampler = make(temperature=1.0)
+    rng = jax.random.key(3)
+    batch = sampler.generate(params, ids, mask, rng, num_samples=G, rollout_keys=True)
+    out = engine_lib.make_engine(sampler, slots=3, refill_every=2).generate(
+        params, ids, mask, rng, num_samples=G
+    )
+    assert_same(
+        out, {k: np.asarray(getattr(batch, k)) for k in ("tokens", "mask", "logprobs", "lengths")}
+    )
+
+
+def test_on_eight_devices_the_rollouts_are_those_alone(params, reference):
     """On a (2, 2, 2) mesh the slots split over the 4 data shards; prompts and the prefix
     table stay whole on every device."""
     ids, mask = prompts()
-    rng = jax.random.key(5)
-    reference = alone(make(), params, ids, mask, rng)
     mesh = sharding.make_mesh((2, 2, 2))
-    engine = engine_lib.make_engine(make(mesh=mesh), slots=4, refill_every=2)
-    out = engine.generate(params, ids, mask, rng, num_samples=G)
+    engine = engine_lib.make_engine(make(mesh=mesh, **TOP_P), slots=4, refill_every=2)
+    out = engine.generate(params, ids, mask, jax.random.key(RNG), num_samples=G)
     assert out.tokens.sharding.spec[0] == ("data", "fsdp")
     assert_same(out, reference)
 
