@@ -78,6 +78,31 @@ def test_disjoint_without_lag_trains_exactly_as_colocated(tmp_path):
     assert without(got, TIMING + PLACEMENT_KEYS) == without(read(colocated), TIMING)
 
 
+def test_a_run_through_the_rollout_engine_does_not_depend_on_its_slots(tmp_path):
+    """rollout.slots > 0 generates through the engine. Colocated on 4 devices with 4
+    slots refilled every step, and disjoint without lag on 4 sampler devices with 8 slots
+    refilled every 3 steps, decode each step's 8 rollouts in other slots and orders: the
+    same run (every value but timing, placement, and the row-steps the slots cost)."""
+    disjoint, colocated = str(tmp_path / "disjoint"), str(tmp_path / "colocated")
+    engine = lambda slots, k: (
+        f"--config.rollout.slots={slots}",
+        f"--config.rollout.refill_every={k}",
+    )
+    proc = run_train(disjoint, *DISJOINT, "--config.rollout.max_policy_lag=0", *engine(8, 3))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = run_train(colocated, *engine(4, 1), env=four)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The behaviour log-probs agree to float32 rounding (sums in another order at another
+    # batch shape), so their mean, rollout_entropy, is compared to 1e-6.
+    cost = ("gen_flops", "useful_row_step_frac", "mu_measured", "rollout_entropy")
+    got, want = read(disjoint), read(colocated)
+    assert without(got, TIMING + PLACEMENT_KEYS + cost) == without(want, TIMING + cost)
+    for a, b in zip(got, want):
+        assert a["rollout_entropy"] == pytest.approx(b["rollout_entropy"], rel=1e-6)
+    assert all(0 < r["useful_row_step_frac"] <= 1 for r in got + want)
+
+
 def test_disjoint_rollouts_are_one_step_behind_and_age_from_their_policy(disjoint_run):
     records = disjoint_run
     assert [r["policy_lag_mean"] for r in records] == [0] + [1] * (len(records) - 1)

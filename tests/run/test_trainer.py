@@ -378,28 +378,3 @@ def test_a_jsonl_task_with_bad_settings_exits_2(tmp_path, flags, message):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message.format(**fill) in lines[0], lines
     assert not workdir.exists()
-
-
-def test_a_run_through_the_rollout_engine_does_not_depend_on_its_slots(tmp_path):
-    """rollout.slots > 0 generates through the engine: on 2 devices, 2 slots refilled
-    every step and 4 slots refilled every 3 steps decode each step's 8 rollouts in other
-    slots and orders, and the two runs are the same run (every value but timing, and
-    the decoded row-steps the slots cost)."""
-    two_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    runs = []
-    for slots, refill_every in ((2, 1), (4, 3)):
-        workdir = str(tmp_path / f"slots{slots}")
-        proc = run_train(
-            workdir,
-            f"--config.rollout.slots={slots}",
-            f"--config.rollout.refill_every={refill_every}",
-            env=two_devices,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(read(workdir))
-    cost = {"gen_flops", "useful_row_step_frac", "mu_measured"}
-    first, second = (
-        [{k: v for k, v in r.items() if k not in cost} for r in strip_timing(x)] for x in runs
-    )
-    assert first == second
-    assert all(0 < r["useful_row_step_frac"] <= 1 for r in runs[0])
