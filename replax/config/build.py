@@ -125,6 +125,7 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
     skipped = validation.long_prompts(spec, prompts, lengths)
     validation.validate_answers_fit(spec, task.max_answer_chars())
     check_machine(spec, mcfg, num_devices, jax.process_count(), jax.default_backend())
+    check_engine_memory(spec, mcfg, num_devices, jax.process_count())
     return Built(
         model_config=mcfg,
         tokenizer=tokenizer,
@@ -151,6 +152,19 @@ def check_machine(
     validation.validate_microbatches(spec, shards)
     validation.validate_rollout_batch(spec, sampler_shape, sampler_devices, processes)
     validation.validate_data_shards(spec, shards)
+
+
+def check_engine_memory(spec: RunSpec, mcfg, num_devices: int, processes: int) -> None:
+    """The rollout engine's cache against the memory the devices report (accelerators
+    report it; a CPU does not, and nothing is checked)."""
+    if not spec.rollout.slots:
+        return
+    stats = jax.local_devices()[0].memory_stats() or {}
+    _, sampler_devices = validation.placement_devices(spec, num_devices, processes)
+    sampler_shape = validation.sampler_mesh(spec, sampler_devices)
+    validation.validate_engine_cache(
+        spec, mcfg, sampler_shape, sampler_devices, stats.get("bytes_limit")
+    )
 
 
 def split_prompts(spec: RunSpec, task: Task) -> dict[str, list[str]]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from replax.core import sharding
 from replax.core.config_utils import ConfigError, number, require
+from replax.model.config import DTYPES
 
 
 def validate_spec(spec) -> None:
@@ -312,6 +313,42 @@ def validate_rollout_batch(spec, sampler_shape, num_devices: int, processes: int
         spec.rollout.prompts_per_step % processes == 0,
         f"rollout.prompts_per_step={spec.rollout.prompts_per_step} is not divisible by the "
         f"{processes} processes: each process reads as many prompts",
+    )
+
+
+def engine_cache_bytes(spec, model_config, sampler_shape, sampler_devices: int) -> int:
+    """Bytes of the rollout engine's KV cache on one sampler device: rollout.slots rows
+    of max_prompt_len - 1 + max_new_tokens slots, keys and values of every layer, rows
+    over the data shards and kv heads over the tensor shards."""
+    c = spec.rollout
+    rows = -(-c.slots // logical_shards(spec, "batch", sampler_shape, sampler_devices))
+    kv_heads = -(
+        -model_config.num_kv_heads
+        // logical_shards(spec, "kv_heads", sampler_shape, sampler_devices)
+    )
+    dtype = c.cache_dtype or c.dtype or model_config.dtype
+    itemsize = np.dtype(DTYPES[dtype]).itemsize
+    length = c.max_prompt_len - 1 + c.max_new_tokens
+    return 2 * model_config.num_layers * rows * kv_heads * length * model_config.head_dim * itemsize
+
+
+def validate_engine_cache(
+    spec, model_config, sampler_shape, sampler_devices: int, bytes_limit: int | None
+) -> None:
+    """The engine's slots fit the sampler devices' memory (bytes_limit per device, None:
+    unknown, as on a CPU): the cache alone, the weights and the rest come on top (what
+    scripts/tpu_compile.py measures)."""
+    if not spec.rollout.slots or not bytes_limit:
+        return
+    need = engine_cache_bytes(spec, model_config, sampler_shape, sampler_devices)
+    data_shards = logical_shards(spec, "batch", sampler_shape, sampler_devices)
+    row_bytes = need // -(-spec.rollout.slots // data_shards)
+    fits = int(bytes_limit // row_bytes) * data_shards
+    require(
+        need <= bytes_limit,
+        f"rollout.slots={spec.rollout.slots}: its KV cache needs {need / 2**30:.1f} GiB per "
+        f"device, more than the device's {bytes_limit / 2**30:.1f} GiB: allowed are at most "
+        f"{fits} slots (fewer, with the weights beside them)",
     )
 
 

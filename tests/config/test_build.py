@@ -7,6 +7,7 @@ import pytest
 
 from replax.config import build as configuration
 from replax.config import spec as spec_lib
+from replax.config import validation
 from replax.core.config_utils import ConfigError
 from replax.tools import experiments
 
@@ -232,3 +233,20 @@ def test_a_prompt_longer_than_max_prompt_len_is_named_before_anything_is_written
     assert not workdir.exists()
     c.rollout.max_prompt_len, c.model.max_len = 37, 48  # the longest fits: nothing to say
     assert configuration.validate(c).skipped_prompts == {}
+
+
+def test_engine_slots_past_the_devices_memory_are_refused_with_what_fits():
+    """The cache of rollout.slots rows against what an accelerator reports: the arith
+    model's cache of one slot is 2 x layers x kv heads x (P - 1 + N) x head_dim x 4 bytes."""
+    spec = spec_lib.parse(config(**{"rollout.slots": 8}))
+    mcfg = configuration.model_config(spec.model)
+    per_slot = 2 * mcfg.num_layers * mcfg.num_kv_heads * (10 - 1 + 6) * mcfg.head_dim * 4
+    # 8 slots over 8 data shards: one row a device; on one device all 8.
+    assert validation.engine_cache_bytes(spec, mcfg, (8, 1, 1), 8) == per_slot
+    assert validation.engine_cache_bytes(spec, mcfg, (1, 1, 1), 1) == 8 * per_slot
+    validation.validate_engine_cache(spec, mcfg, (1, 1, 1), 1, bytes_limit=8 * per_slot)
+    validation.validate_engine_cache(spec, mcfg, (1, 1, 1), 1, bytes_limit=None)
+    with pytest.raises(ConfigError) as error:
+        validation.validate_engine_cache(spec, mcfg, (1, 1, 1), 1, bytes_limit=8 * per_slot - 1)
+    assert str(error.value).startswith("rollout.slots=8: its KV cache needs")
+    assert "allowed are at most 7 slots" in str(error.value)
