@@ -138,6 +138,12 @@ def _init_fn(model: nn.Module, optimizer, with_reference: bool):
 
     def init(rng):
         boxed = model.init(rng, dummy, dummy)["params"]
+        if lora_on:
+            # The base as the model without adapters draws it: under nn.scan the adapters'
+            # params move the layers' RNG stream, so rank r would start from another base
+            # than rank 0 (unrolled layers draw the same either way).
+            base = type(model)(lora.base_config(model.config)).init(rng, dummy, dummy)["params"]
+            boxed = lora.combine(lora.partition(boxed, True)[0], base)
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=boxed,

@@ -140,6 +140,20 @@ def test_unrolled_base_params_are_those_of_the_model_without_lora():
     jax.tree.map(np.testing.assert_array_equal, base, init(BASE))
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_runs_lora_init_starts_from_the_base_of_rank_zero(scan):
+    """The train state a run initialises (model.init='random'): with adapters its base
+    is the params of the same run without them, scanned layers included (where the
+    model's own init draws another base once adapters are added)."""
+    init_state = lambda config: train_step_lib._init_fn(
+        model_lib.Transformer(dataclasses.replace(config, scan_layers=scan)), OPTIMIZER, False
+    )(jax.random.key(3))
+    base = nn.unbox(init_state(BASE).params)
+    adapted = nn.unbox(init_state(LORA).params)
+    jax.tree.map(np.testing.assert_array_equal, lora.without_adapters(adapted), base)
+    assert lora.has_adapters(adapted)
+
+
 def test_the_sampler_draws_the_bases_tokens_and_logprobs_at_init():
     params = init(LORA)
     settings = dict(max_prompt_len=4, max_new_tokens=6, stop_ids=(31,), pad_id=0, temperature=1.0)
