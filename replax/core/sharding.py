@@ -227,3 +227,21 @@ def jit_state_step(step, mesh: Mesh, rules, state_shardings, batch_sharding):
 
     run.jitted = jitted
     return run
+
+
+def check_divisible(what: str, mesh: Mesh, abstract_params, shardings) -> None:
+    """Raises a one-line error when a mesh axis does not divide the parameter dimension it
+    shards (jit would fail on the first call, less clearly). what: the mesh's name in the
+    message, e.g. 'sampler mesh'."""
+    leaves = jax.tree_util.tree_leaves_with_path(abstract_params)
+    for (path, leaf), target in zip(leaves, jax.tree_util.tree_leaves(shardings)):
+        for dim, axes in zip(leaf.shape, target.spec):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            shards = int(np.prod([mesh.shape[a] for a in axes]))
+            if dim % shards:
+                raise ValueError(
+                    f"{what} {dict(mesh.shape)}: parameter "
+                    f"{jax.tree_util.keystr(path)} dimension {dim} is not divisible by the "
+                    f"{shards} shards of mesh axes {axes}: allowed are meshes whose axes "
+                    "divide the dimensions they shard"
+                )

@@ -76,9 +76,8 @@ class Fresh:
     diagnostics: dict[str, Any] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(FRESH_KEYS)
     )
-    # Row-steps the sampler decoded for them, on all processes (None: nothing generated):
-    # R x the longest completion for the static sampler, decode steps x slots for the
-    # engine. What generation cost, beside the tokens it kept.
+    # Row-steps decoded for them, all processes' (R x the longest for the static sampler,
+    # decode steps x slots for the engine; None: nothing generated): what generation cost.
     decoded_row_steps: int | None = None
 
 
@@ -160,9 +159,7 @@ class Scored:
     table: jax.sharding.NamedSharding | None  # the same for [rows, ...] tables
     local: bool  # decoded on this process's devices alone (`process_local`)
     block: tuple[int, int]  # local: (i, n), these rows are the i-th of n blocks
-    # The engine's decode steps x slots, this process's decoding (None: the static
-    # sampler, whose row-steps follow from the lengths).
-    engine_row_steps: int | None = None
+    engine_row_steps: int | None = None  # the engine's decode steps x slots (None: static)
 
 
 def process_local(sampler) -> bool:
@@ -207,21 +204,13 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
                 f"of {r}, not the completions of its {prompts['local_count']} prompts: "
                 "allowed are sampler meshes that split rows over processes as training does"
             )
-    engine_row_steps = None
+    args = (params, prompt_ids, prompt_mask, rng)
+    kwargs = dict(num_samples=group_size, row_block=block)
     if hasattr(sampler, "generate_with_stats"):  # the rollout engine
-        out, stats = sampler.generate_with_stats(
-            params, prompt_ids, prompt_mask, rng, num_samples=group_size, row_block=block
-        )
+        out, stats = sampler.generate_with_stats(*args, **kwargs)
         engine_row_steps = int(stats.decode_steps) * sampler.slots
     else:
-        out = sampler.generate(
-            params,
-            prompt_ids,
-            prompt_mask,
-            rng,
-            num_samples=group_size,
-            row_block=block,
-        )
+        out, engine_row_steps = sampler.generate(*args, **kwargs), None
     answers = np.repeat(prompts["answer"], group_size)
     texts = prompts.get("prompt_text")
     texts = None if texts is None else np.repeat(texts, group_size)

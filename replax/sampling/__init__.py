@@ -4,6 +4,10 @@
 - `decode`: prefill and the decode loop (a `lax.while_loop` over tokens, stopping when
   every row has ended) with the KV cache.
 - `sampler`: `Sampler`, the compiled, sharded entry point the run and the evaluator call.
+- `engine`: the rollout engine, continuous batching: `Engine` stands where a `Sampler`
+  does, S slots refilled from a queue, the rollouts the sampler's with rollout keys.
+- `slots`: the engine's traced program (slots, the prefilled queue, harvest, refill, the
+  decode chunk).
 - `lowering`: its decode program and prefill lowered ahead of time from abstract inputs.
 
 May import: core, model.

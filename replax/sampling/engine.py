@@ -31,318 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from replax.core import sharding
-from replax.model import layers
 from replax.model import transformer as model_lib
-from replax.model.logprobs import mask_vocab
-from replax.sampling import decode as decode_lib
+from replax.sampling import slots as slots_lib
 from replax.sampling.decode import SampleOutput
-from replax.sampling.distributions import SamplingConfig, sample_tokens
-
-
-@flax.struct.dataclass
-class Slots:
-    """The S decoding slots. C = P - 1 + N cache slots per row."""
-
-    cache: Any  # per layer {'k', 'v'} [S, KV, C, D] (or stacked [L, S, KV, C, D])
-    kv_mask: jax.Array  # bool[S, C] valid cache slots (prompt padding False)
-    last_tokens: jax.Array  # int32[S] the token fed at the next step
-    last_positions: jax.Array  # int32[S] position of the slot's last prompt token
-    step: jax.Array  # int32[S] tokens its rollout has sampled
-    rollout: jax.Array  # int32[S] index in the queue of the rollout held; -1: empty
-    done: jax.Array  # bool[S] stopped (or empty): free at the next refill
-    uniforms: jax.Array  # float32[S, N] the rollout's own random numbers
-    tokens: jax.Array  # int32[S, N] its completion so far (pad after it)
-    logprobs: jax.Array  # float32[S, N] their behaviour log-probs
-
-
-@flax.struct.dataclass
-class EngineStats:
-    decode_steps: jax.Array  # int32[] decode steps run (each over all S slots)
-    useful_row_steps: jax.Array  # int32[] row-steps that produced a kept token
-    refills: jax.Array  # int32[] refills that admitted at least one rollout
-
-
-def _rows(x, index):
-    """x[index] along the batch axis (-4) of a cache leaf."""
-    return jnp.take(x, index, axis=x.ndim - 4)
-
-
-def _where_rows(pick, new, old):
-    """Per row of the batch axis (-4): new where pick[row], else old."""
-    shape = [1] * old.ndim
-    shape[old.ndim - 4] = pick.shape[0]
-    return jnp.where(pick.reshape(shape), new, old)
-
-
-@flax.struct.dataclass
-class Queue:
-    """The queued rollouts, their prompts prefilled once: rollout i is sample i % G of
-    prompt i // G. Every device holds the tables whole (a slot may take any rollout)."""
-
-    prefix: Any  # per layer {'k', 'v'} [B, KV, P - 1, D] (None when P = 1)
-    kv_mask: jax.Array  # bool[B, C] valid cache slots of a slot holding the prompt
-    last_tokens: jax.Array  # int32[B] each prompt's last token (fed at step 0)
-    last_positions: jax.Array  # int32[B] its position
-    uniforms: jax.Array  # float32[R, N] each rollout's random numbers, from its own key
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """What the engine's programs are specialised to (static under jit)."""
-
-    model: model_lib.Transformer
-    slots: int
-    refill_every: int
-    max_new_tokens: int
-    stop_ids: tuple[int, ...]
-    pad_id: int
-    vocab_size: int | None
-    cache_dtype: Any
-    data_shards: int
-
-
-def prefill_queue(params, prompt_ids, prompt_mask, rng, first_rollout, num_samples, settings):
-    """The Queue of prompt_ids int32[B, P] / prompt_mask bool[B, P] (left-padded), G =
-    num_samples rollouts each: the prompts through the model once (slots [0, P - 1) of the
-    cache), and the random numbers of rollouts first_rollout ... first_rollout + B G - 1."""
-    b, p = prompt_ids.shape
-    n = settings.max_new_tokens
-    positions = model_lib.positions_from_mask(prompt_mask)  # [B, P]
-    kv_mask = decode_lib._kv_mask(prompt_mask, n)  # [B, C]
-    prefix = None
-    if p > 1:
-        prefix = decode_lib._prefill(
-            {"params": params},
-            prompt_ids,
-            positions,
-            kv_mask[:, : p - 1],
-            model=settings.model,
-            cache_len=p - 1,
-            cache_dtype=settings.cache_dtype,
-            num_samples=1,
-            data_shards=settings.data_shards,
-        )
-        prefix = jax.tree_util.tree_map(lambda x: layers.constrain(x, (None,) * x.ndim), prefix)
-    ids = first_rollout + jnp.arange(b * num_samples)
-    return Queue(
-        prefix=prefix,
-        kv_mask=kv_mask,
-        last_tokens=prompt_ids[:, -1],
-        last_positions=positions[:, -1],
-        uniforms=decode_lib.rollout_uniforms(rng, ids, n),
-    )
-
-
-def empty_slots(settings: Settings, prompt_len: int) -> Slots:
-    """S free slots, each with a cache of P - 1 + N slots."""
-    s, n = settings.slots, settings.max_new_tokens
-    cache_len = prompt_len - 1 + n
-    cfg = settings.model.config
-    cache = model_lib.init_cache(cfg, s, cache_len, settings.cache_dtype)
-    return Slots(
-        cache=decode_lib._constrain_cache(cache, cfg),
-        kv_mask=jnp.zeros((s, cache_len), bool),
-        last_tokens=jnp.zeros((s,), jnp.int32),
-        last_positions=jnp.zeros((s,), jnp.int32),
-        step=jnp.zeros((s,), jnp.int32),
-        rollout=jnp.full((s,), -1, jnp.int32),
-        done=jnp.ones((s,), bool),
-        uniforms=jnp.zeros((s, n), jnp.float32),
-        tokens=jnp.full((s, n), settings.pad_id, jnp.int32),
-        logprobs=jnp.zeros((s, n), jnp.float32),
-    )
-
-
-def harvest(state: Slots, table, settings: Settings):
-    """Finished slots hand their completion to the output table (tokens [R, N], logprobs
-    [R, N], lengths [R], at the row of their queue entry) and become free."""
-    total = table["lengths"].shape[0]
-    finished = state.done & (state.rollout >= 0)
-    index = jnp.where(finished, state.rollout, total)  # total: dropped
-    lengths = jnp.minimum(state.step, settings.max_new_tokens)
-    table = {
-        "tokens": table["tokens"].at[index].set(state.tokens, mode="drop"),
-        "logprobs": table["logprobs"].at[index].set(state.logprobs, mode="drop"),
-        "lengths": table["lengths"].at[index].set(lengths, mode="drop"),
-    }
-    return state.replace(rollout=jnp.where(finished, -1, state.rollout)), table
-
-
-def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
-    """Free slots take the next queued rollouts in order: queue entries next_rollout ...
-    (while < num_queued), each copying its prompt's prefix into the slot's cache. Returns
-    (slots, next_rollout, whether any was admitted)."""
-    free = state.done & (state.rollout < 0)
-    new = next_rollout + jnp.cumsum(free.astype(jnp.int32)) - 1
-    take = free & (new < num_queued)
-    new = jnp.where(take, new, 0)
-    prompt = new // num_samples
-
-    def fill(state: Slots) -> Slots:
-        cache = state.cache
-        if queue.prefix is not None:
-            prefix_len = jax.tree_util.tree_leaves(queue.prefix)[0].shape[-2]
-
-            def copy(slot_cache, prompt_cache):
-                head = jax.lax.slice_in_dim(slot_cache, 0, prefix_len, axis=slot_cache.ndim - 2)
-                head = _where_rows(take, _rows(prompt_cache, prompt), head)
-                return jax.lax.dynamic_update_slice(slot_cache, head, [0] * slot_cache.ndim)
-
-            cache = jax.tree_util.tree_map(copy, cache, queue.prefix)
-            cache = decode_lib._constrain_cache(cache, settings.model.config)
-        pick = lambda new_value, old: jnp.where(
-            take.reshape((-1,) + (1,) * (old.ndim - 1)), new_value, old
-        )
-        return state.replace(
-            cache=cache,
-            kv_mask=pick(queue.kv_mask[prompt], state.kv_mask),
-            last_tokens=pick(queue.last_tokens[prompt], state.last_tokens),
-            last_positions=pick(queue.last_positions[prompt], state.last_positions),
-            step=pick(0, state.step),
-            rollout=pick(new, state.rollout),
-            done=pick(False, state.done),
-            uniforms=pick(queue.uniforms[new], state.uniforms),
-            tokens=pick(settings.pad_id, state.tokens),
-            logprobs=pick(0.0, state.logprobs),
-        )
-
-    admitted = jnp.any(take)
-    state = jax.lax.cond(admitted, fill, lambda x: x, state)
-    return state, next_rollout + jnp.sum(take, dtype=jnp.int32), admitted
-
-
-def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Settings):
-    """Up to K = refill_every decode steps of every slot (fewer once every slot has
-    stopped). Stopped and empty slots compute and keep nothing. Returns (slots, steps
-    run, row-steps that produced a kept token)."""
-    model, n = settings.model, settings.max_new_tokens
-    cache_len = state.kv_mask.shape[1]
-    prompt_slots = cache_len - n  # P - 1
-    is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(settings.stop_ids, jnp.int32))
-    variables = {"params": params}
-
-    def step(state: Slots) -> Slots:
-        logits, cache = model.apply(
-            variables,
-            state.last_tokens[:, None],
-            (state.last_positions + state.step)[:, None],
-            cache=state.cache,
-            cache_index=jnp.minimum(prompt_slots + state.step, cache_len - 1),
-            kv_mask=state.kv_mask,
-        )
-        logits = mask_vocab(logits[:, 0], settings.vocab_size)
-        column = jnp.minimum(state.step, n - 1)
-        uniform = jnp.take_along_axis(state.uniforms, column[:, None], axis=1)[:, 0]
-        tokens, logprobs = sample_tokens(uniform, logits, sampling)
-        live = ~state.done
-        write = live[:, None] & (jnp.arange(n) == column[:, None])  # [S, N]
-        steps = state.step + live
-        return state.replace(
-            cache=cache,
-            last_tokens=jnp.where(live, tokens, state.last_tokens),
-            step=steps,
-            done=state.done | (live & (is_stop(tokens) | (steps >= n))),
-            tokens=jnp.where(write, tokens[:, None], state.tokens),
-            logprobs=jnp.where(write, logprobs[:, None], state.logprobs),
-        )
-
-    def cond(inner):
-        t, state, _ = inner
-        return (t < settings.refill_every) & ~jnp.all(state.done)
-
-    def body(inner):
-        t, state, useful = inner
-        return t + 1, step(state), useful + jnp.sum(~state.done, dtype=jnp.int32)
-
-    zero = jnp.zeros((), jnp.int32)
-    steps, state, useful = jax.lax.while_loop(cond, body, (zero, state, zero))
-    return state, steps, useful
-
-
-def chunk(params, state: Slots, queue: Queue, table, next_rollout, sampling, num_samples, settings):
-    """One host-free round of the engine: harvest finished slots into the output table,
-    refill the free ones from the queue, decode up to K steps. Returns (slots, table,
-    next_rollout, EngineStats of this round)."""
-    num_queued = queue.uniforms.shape[0]
-    state, table = harvest(state, table, settings)
-    state, next_rollout, admitted = refill(
-        state, queue, next_rollout, num_queued, num_samples, settings
-    )
-    state, steps, useful = decode_chunk(params, state, sampling, settings)
-    return state, table, next_rollout, EngineStats(steps, useful, admitted.astype(jnp.int32))
-
-
-def empty_table(total: int, settings: Settings):
-    n = settings.max_new_tokens
-    return {
-        "tokens": jnp.full((total, n), settings.pad_id, jnp.int32),
-        "logprobs": jnp.zeros((total, n), jnp.float32),
-        "lengths": jnp.zeros((total,), jnp.int32),
-    }
-
-
-def run(
-    params,
-    prompt_ids,
-    prompt_mask,
-    rng,
-    sampling: SamplingConfig,
-    num_samples: int,
-    row_block: tuple[int, int],
-    settings: Settings,
-) -> tuple[SampleOutput, EngineStats]:
-    """The traced engine over one batch: prompt_ids int32[B, P], prompt_mask bool[B, P]
-    (left-padded), G = num_samples rollouts of each, R = B x G, queued prompt by prompt;
-    row_block (i, n): these are rollouts [i R, (i + 1) R) of a batch of n R (the indices
-    of their keys). Prefill, then chunks until the queue is empty and every slot stopped."""
-    b, p = prompt_ids.shape
-    total = b * num_samples
-    n = settings.max_new_tokens
-    # PREFILL each prompt once.
-    queue = prefill_queue(
-        params, prompt_ids, prompt_mask, rng, row_block[0] * total, num_samples, settings
-    )
-
-    # CHUNKS of K decode steps, the slots refilled between them.
-    def more(carry):
-        state, _, next_rollout, _ = carry
-        return (next_rollout < total) | ~jnp.all(state.done)
-
-    def body(carry):
-        state, table, next_rollout, stats = carry
-        state, table, next_rollout, new = chunk(
-            params, state, queue, table, next_rollout, sampling, num_samples, settings
-        )
-        stats = jax.tree_util.tree_map(jnp.add, stats, new)
-        return state, table, next_rollout, stats
-
-    zero = jnp.zeros((), jnp.int32)
-    carry = (
-        empty_slots(settings, p),
-        empty_table(total, settings),
-        zero,
-        EngineStats(zero, zero, zero),
-    )
-    state, table, _, stats = jax.lax.while_loop(more, body, carry)
-    _, table = harvest(state, table, settings)
-
-    # OUTPUT in queue order, as the static sampler lays it out.
-    mask = jnp.arange(n) < table["lengths"][:, None]  # [R, N]
-    out = SampleOutput(
-        tokens=jnp.where(mask, table["tokens"], settings.pad_id),
-        mask=mask,
-        logprobs=jnp.where(mask, table["logprobs"], 0.0),
-        lengths=table["lengths"],
-    )
-    return out, stats
+from replax.sampling.slots import EngineStats
 
 
 class Engine:
@@ -359,7 +57,7 @@ class Engine:
         self.max_new_tokens = sampler.max_new_tokens
         self.stop_ids, self.pad_id = sampler.stop_ids, sampler.pad_id
         self.mesh, self.rules = sampler.mesh, sampler.rules
-        self.settings = Settings(
+        self.settings = slots_lib.Settings(
             model=sampler.model,
             slots=self.slots,
             refill_every=self.refill_every,
@@ -370,7 +68,7 @@ class Engine:
             cache_dtype=sampler._cache_dtype,
             data_shards=sampler.data_shards,
         )
-        traced = functools.partial(run, settings=self.settings)
+        traced = functools.partial(slots_lib.run, settings=self.settings)
         if self.mesh is None:
             self._jitted = jax.jit(traced, static_argnums=(4, 5, 6))
         else:
@@ -443,11 +141,11 @@ class Engine:
             return lowered
 
         def prefill(params, ids, mask, key):
-            return prefill_queue(params, ids, mask, key, 0, g, settings)
+            return slots_lib.prefill_queue(params, ids, mask, key, 0, g, settings)
 
         def one_chunk(params, state, queue, table):
             zero = jnp.zeros((), jnp.int32)
-            return chunk(params, state, queue, table, zero, sampling, g, settings)
+            return slots_lib.chunk(params, state, queue, table, zero, sampling, g, settings)
 
         def abstract(tree):
             return jax.tree_util.tree_map(
@@ -456,9 +154,13 @@ class Engine:
 
         def lower_chunk():
             queue = abstract(jax.eval_shape(prefill, params, ids, mask, key))
-            table = abstract(jax.eval_shape(lambda: empty_table(num_prompts * g, settings)))
+            table = abstract(
+                jax.eval_shape(lambda: slots_lib.empty_table(num_prompts * g, settings))
+            )
             # The slots split over the data shards, their caches by the cache's axes.
-            state = jax.eval_shape(lambda: empty_slots(settings, self.sampler.max_prompt_len))
+            state = jax.eval_shape(
+                lambda: slots_lib.empty_slots(settings, self.sampler.max_prompt_len)
+            )
             cache_axes = model_lib.cache_axes(self.sampler.model_config)
             place = lambda x, axes: jax.ShapeDtypeStruct(
                 x.shape, x.dtype, sharding=sharding.named(self.mesh, axes, self.rules)

@@ -41,23 +41,6 @@ from replax.sampling.decode import SampleOutput
 from replax.sampling.distributions import SamplingConfig
 
 
-def _check_divisible(mesh, abstract_params, shardings) -> None:
-    """Raises a one-line error when a mesh axis does not divide the parameter dimension it
-    shards (jit would fail on the first call, less clearly)."""
-    leaves = jax.tree_util.tree_leaves_with_path(abstract_params)
-    for (path, leaf), target in zip(leaves, jax.tree_util.tree_leaves(shardings)):
-        for dim, axes in zip(leaf.shape, target.spec):
-            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-            shards = int(np.prod([mesh.shape[a] for a in axes]))
-            if dim % shards:
-                raise ValueError(
-                    f"sampler mesh {dict(mesh.shape)}: parameter "
-                    f"{jax.tree_util.keystr(path)} dimension {dim} is not divisible by the "
-                    f"{shards} shards of mesh axes {axes}: allowed are meshes whose axes "
-                    "divide the dimensions they shard"
-                )
-
-
 class Sampler:
     """A compiled sampler bound to one model shape, prompt length and completion length.
 
@@ -155,7 +138,9 @@ class Sampler:
             dummy = jnp.zeros((1, 1), jnp.int32)
             abstract = jax.eval_shape(self.model.init, jax.random.key(0), dummy, dummy)
             self._params_shardings = sharding.params_shardings(mesh, abstract, rules)["params"]
-            _check_divisible(mesh, nn.unbox(abstract)["params"], self._params_shardings)
+            sharding.check_divisible(
+                "sampler mesh", mesh, nn.unbox(abstract)["params"], self._params_shardings
+            )
             # What the decode loop reads: without the adapters when they are merged.
             self._decode_shardings = self._params_shardings
             if self.merges_adapters:
@@ -249,12 +234,10 @@ class Sampler:
                 f"sampler.top_k={sampling.top_k} exceeds model.vocab_size={cfg.vocab_size}: "
                 f"allowed is 0 <= top_k <= {cfg.vocab_size}"
             )
-        for token, _ in sampling.logit_bias:
-            if token >= cfg.vocab_size:
-                raise ValueError(
-                    f"sampler.logit_bias token {token}: allowed are ids < model.vocab_size="
-                    f"{cfg.vocab_size}"
-                )
+        if any(token >= cfg.vocab_size for token, _ in sampling.logit_bias):
+            raise ValueError(
+                f"sampler.logit_bias={sampling.logit_bias}: allowed are ids < {cfg.vocab_size}"
+            )
 
     def _inputs(self, prompt_ids, prompt_mask, num_samples):
         """Checks shapes and dtypes before anything compiles; pads prompts to max_prompt_len."""
@@ -337,16 +320,8 @@ class Sampler:
         prompt_ids, prompt_mask = self._inputs(prompt_ids, prompt_mask, num_samples)
         params = self.prepare_params(params)
         row_block = (int(row_block[0]), int(row_block[1]))
-        args = (
-            params,
-            prompt_ids,
-            prompt_mask,
-            rng,
-            sampling,
-            int(num_samples),
-            row_block,
-            bool(rollout_keys),
-        )
+        args = (params, prompt_ids, prompt_mask, rng)
+        args += (sampling, int(num_samples), row_block, bool(rollout_keys))
         if self.mesh is None:
             return self._jitted(*args)
         with sharding.activation_rules(self.mesh, self.rules):
