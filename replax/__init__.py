@@ -16,4 +16,9 @@ line; tests/test_layout.py checks every import, deferred ones included):
     core       mesh and sharding, config errors, categorical draws
 """
 
+from replax.core import platforms as _platforms
+
 __version__ = "0.1.0"
+
+# Before any module of replax imports JAX: a machine without a TPU never starts libtpu.
+_platforms.skip_absent_tpu()

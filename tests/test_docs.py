@@ -104,3 +104,17 @@ def test_the_readme_python_quick_start_runs(tmp_path, monkeypatch, capsys):
     assert any(line.startswith("accuracy ") and " -> " in line for line in out), out
     # The evaluation steps, read back from metrics.jsonl: step, accuracy, entropy.
     assert [line.split()[0] for line in out if line[:1].isdigit()] == ["2", "4"], out
+
+
+def test_the_readme_quick_start_says_what_its_steps_give():
+    """A newcomer who sees the accuracy barely move is told, beside the code, that this is
+    what its number of steps gives: the prose names the steps the code sets and a line of
+    what the code prints."""
+    section = (ROOT / "README.md").read_text().split("## Python quick start\n", 1)[1]
+    prose = "\n".join(
+        line for line in section.split("\n## ", 1)[0].splitlines() if line[:4] != "    "
+    )
+    (steps,) = re.findall(r"config\.total_steps = (\d+)", readme_quick_start())
+    assert re.search(rf"\b{steps} steps\b.*\n?.*`accuracy \d\.\d{{3}} -> \d\.\d{{3}}`", prose), (
+        prose
+    )

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from replax.core import sharding
-from replax.core.config_utils import ConfigError, number, require
+from replax.core.config_utils import ConfigError, require
 from replax.model.config import DTYPES
 
 
@@ -48,13 +48,27 @@ def validate_buffer_holds_batch_and_step(spec) -> None:
 
 def validate_task_sizes(spec) -> None:
     """The examples written of each split (0: all a file-backed task has) cover a step's
-    prompts and the evaluation's."""
-    for key, value, least in (
-        ("task.num_train", spec.task.num_train, spec.rollout.prompts_per_step),
-        ("task.num_test", spec.task.num_test, spec.eval.num_prompts),
+    prompts and the evaluation's. Either key of a pair may be the one the user set, so the
+    line names both, the prompts first (the key more often changed), each with a value
+    that fits the other."""
+    for split, (size_key, size), (prompts_key, prompts) in (
+        (
+            "train",
+            ("task.num_train", spec.task.num_train),
+            ("rollout.prompts_per_step", spec.rollout.prompts_per_step),
+        ),
+        (
+            "test",
+            ("task.num_test", spec.task.num_test),
+            ("eval.num_prompts", spec.eval.num_prompts),
+        ),
     ):
-        if value:
-            number(key, value, low=least, integer=True)
+        require(
+            not size or size >= prompts,
+            f"{prompts_key}={prompts} is more than the {size} {split} examples of "
+            f"{size_key}={size}: set {prompts_key} to {size} or less, or {size_key} to "
+            f"{prompts} or more",
+        )
 
 
 def validate_auto_mode(spec) -> None:

@@ -56,19 +56,51 @@ def flat_keys(config: Mapping) -> list[str]:
     return out
 
 
+# Words of key names that say "how many" (prompts_per_step is the number of prompts).
+_COUNT_WORDS = ("num", "n", "number", "count", "per")
+
+
+def _stem(word: str) -> str:
+    word = "num" if word in _COUNT_WORDS else word
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+def _words(leaf: str) -> list[str]:
+    return [_stem(w) for w in leaf.lower().split("_") if w]
+
+
+def _same_word(a: str, b: str) -> bool:
+    """Two stemmed words (`_words`) are one word, or one misspelt: short words must match
+    exactly, since one letter apart they are other words (top_k, top_p)."""
+    return a == b or (
+        min(len(a), len(b)) >= 4 and difflib.SequenceMatcher(None, a, b).ratio() >= 0.8
+    )
+
+
 def did_you_mean(key: str, known: Iterable[str]) -> str:
-    """The hint " (did you mean KNOWN?)" for the known key closest to a misspelt one, or "". The
-    leaf is matched among its own section's keys first (their shared section would make
-    any two look alike), then the whole key among every key (a misspelt section)."""
-    known = list(known)
+    """The hint " (did you mean KNOWN?)" for the known key a mistaken one most likely
+    meant, or "". Meaning first: the known key whose leaf shares the most words with the
+    key's leaf (rollout.num_prompts -> rollout.prompts_per_step, not the closer spelling
+    rollout.max_prompt_len); at equal words, one of the key's own section; then spelling.
+    A key sharing no word is suggested only when spelt alike: its leaf among the section's
+    keys, or the whole key among every key (a misspelt section; any two keys of one section
+    look alike by their shared section, so the whole key is held to a closer match)."""
     section, _, leaf = key.rpartition(".")
-    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
-    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
-    if close:
-        return f" (did you mean {siblings[close[0]]}?)"
-    others = [k for k in known if k.rpartition(".")[0] != section]
-    close = difflib.get_close_matches(key, others, n=1, cutoff=0.8)
-    return f" (did you mean {close[0]}?)" if close else ""
+    words = _words(leaf)
+
+    def rank(candidate: str) -> tuple[int, bool, float]:
+        c_section, _, c_leaf = candidate.rpartition(".")
+        c_words = _words(c_leaf)
+        shared = sum(any(_same_word(w, c) for c in c_words) for w in words)
+        own = c_section == section
+        spelling = difflib.SequenceMatcher(
+            None, leaf if own else key, c_leaf if own else candidate
+        ).ratio()
+        return shared, own, spelling
+
+    ranked = [(rank(k), k) for k in known if k != key]
+    alike = [(r, k) for r, k in ranked if r[0] or r[2] >= (0.6 if r[1] else 0.8)]
+    return f" (did you mean {max(alike)[1]}?)" if alike else ""
 
 
 def unknown_override(argv: Sequence[str], config: Mapping) -> str | None:

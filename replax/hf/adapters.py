@@ -94,10 +94,11 @@ def peft_config(config: ModelConfig, base_model: str = "") -> dict[str, Any]:
 def save_peft(path: str, params, config: ModelConfig, base_model: str = "") -> list[str]:
     """Writes adapter_config.json and adapter_model.safetensors, which
     `peft.PeftModel.from_pretrained(base, path)` loads. Returns the files written."""
-    from safetensors.numpy import save_file
+    from replax.hf import checkpoint as hf
 
     os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, PEFT_CONFIG), "w") as f:
+    config_file = os.path.join(path, PEFT_CONFIG)
+    with open(config_file, "w") as f:
         json.dump(peft_config(config, base_model), f, indent=2)
-    save_file(to_peft(params, config), os.path.join(path, PEFT_WEIGHTS), metadata={"format": "pt"})
+    hf.save_safetensors(to_peft(params, config), os.path.join(path, PEFT_WEIGHTS), like=config_file)
     return [PEFT_CONFIG, PEFT_WEIGHTS]

@@ -248,6 +248,16 @@ TOKENIZER_FILES = (
 GENERATION_CONFIG_NAME = "generation_config.json"
 
 
+def save_safetensors(tensors: Mapping[str, np.ndarray], path: str, *, like: str) -> None:
+    """Writes tensors as a safetensors file with the permissions of the file `like` beside
+    it: safetensors creates its files readable by their owner alone (0600), where the rest
+    of an export, written with open(), is as readable as the user's umask allows."""
+    from safetensors.numpy import save_file
+
+    save_file(dict(tensors), path, metadata={"format": "pt"})
+    os.chmod(path, os.stat(like).st_mode & 0o777)
+
+
 def save_pretrained(
     path: str,
     config: model_lib.ModelConfig,
@@ -270,8 +280,6 @@ def save_pretrained(
     `hf_tokenizer.HFTokenizer(tokenizer_dir)`. `generation` entries are written over it.
     Returns the files written.
     """
-    from safetensors.numpy import save_file
-
     hf_config = config_to_hf(config)
     tensors = hf_layout.params_to_hf(params, config)
     if tensors:
@@ -297,7 +305,7 @@ def save_pretrained(
     with open(os.path.join(path, CONFIG_NAME), "w") as f:
         json.dump(hf_config, f, indent=2)
     for name, shard in zip(names, shards):
-        save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+        save_safetensors(shard, os.path.join(path, name), like=os.path.join(path, CONFIG_NAME))
     written = [CONFIG_NAME, *names]
     if len(shards) > 1:
         index = {

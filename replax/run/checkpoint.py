@@ -255,7 +255,7 @@ class Checkpointer:
     ):
         """The newest sealed checkpoint that verifies and restores, as `restore` returns
         it, or None when there is none. Each bad one on the way is reported in one line
-        (naming the step used instead) and moved to DIR_corrupt/STEP, so that the run does
+        (naming the step it resumes from) and moved to DIR_corrupt/STEP, so that the run does
         not meet it again. Every process restores the step process 0 picks, and a step
         unreadable on any process is bad."""
         rejected: list[tuple[int, str, epath.Path]] = []
@@ -286,7 +286,7 @@ class Checkpointer:
                 problem = problem or "cannot be restored on another process"
                 rejected.append((step, problem, self._set_aside(step)))
         using = (
-            f"using {step}"
+            f"resuming from step {step}"
             if restored is not None
             else "no sealed checkpoint is left: the run starts again from step 0"
         )

@@ -174,6 +174,23 @@ def test_a_step_of_fresh_rollouts_must_fit_in_the_buffer():
     )
 
 
+def test_a_split_too_small_names_the_key_the_user_set_and_values_that_work():
+    """The step's or the evaluation's prompts are named first, with the value of either key
+    that fits, whichever of the two was set (configs/arith.py writes 2000 test examples)."""
+    with pytest.raises(ConfigError) as error:
+        configuration.validate(config(**{"eval.num_prompts": 5000}))
+    assert str(error.value) == (
+        "eval.num_prompts=5000 is more than the 2000 test examples of task.num_test=2000: "
+        "set eval.num_prompts to 2000 or less, or task.num_test to 5000 or more"
+    )
+    with pytest.raises(ConfigError) as error:
+        configuration.validate(config(**{"task.num_train": 1}))
+    assert str(error.value) == (
+        "rollout.prompts_per_step=2 is more than the 1 train examples of task.num_train=1: "
+        "set rollout.prompts_per_step to 1 or less, or task.num_train to 2 or more"
+    )
+
+
 def test_task_keys_go_to_the_task_factory():
     c = config(**{"task.max_digits": 2, "task.min_digits": 1})
     task = configuration.validate(c).task

@@ -65,8 +65,16 @@ def test_validate_buffer_holds_batch_and_step():
 
 
 def test_validate_task_sizes():
-    fails(validation.validate_task_sizes, spec(task__num_train=1), match=">= 2")
-    fails(validation.validate_task_sizes, spec(task__num_test=8), match=">= 16")
+    fails(
+        validation.validate_task_sizes,
+        spec(task__num_train=1),
+        match=r"^rollout.prompts_per_step=2 is more than the 1 train examples of task.num_train=1",
+    )
+    fails(
+        validation.validate_task_sizes,
+        spec(task__num_test=8),
+        match=r"set eval.num_prompts to 8 or less, or task.num_test to 16 or more$",
+    )
     validation.validate_task_sizes(spec(task__num_train=0, task__num_test=0))  # all of a file
 
 

@@ -11,6 +11,7 @@ from replax.core.config_utils import (
     default_workdir,
     did_you_mean,
     flag_error_line,
+    flat_keys,
     load_module,
     load_sibling,
     number,
@@ -107,6 +108,30 @@ def test_an_unknown_command_line_key_is_named_with_the_key_it_may_mean():
     assert config_from_argv(["x", f"--config={ARITH}:onpolicy"], "nope").replay.capacity == 64
     assert config_from_argv(["x", "--config", ARITH], "nope").replay.capacity == 4096
     assert config_from_argv(["x"], "/no/such/config.py") is None
+
+
+@pytest.mark.parametrize(
+    "key, meant",
+    [
+        # The words first: `prompts` is a word of prompts_per_step (and `num` says how many,
+        # as `per` does), max_prompt_len only shares its stem and is the closer spelling.
+        ("rollout.num_prompts", "rollout.prompts_per_step"),
+        ("rollout.prompt_per_step", "rollout.prompts_per_step"),
+        # At equal words, the user's own section.
+        ("train.prompts_per_step", "rollout.prompts_per_step"),
+        # Then spelling: a misspelt word, a misspelt section.
+        ("eval.num_promts", "eval.num_prompts"),
+        ("rollout.group_sise", "rollout.group_size"),
+        ("rolout.group_size", "rollout.group_size"),
+        ("train.batch_sise", "train.batch_size"),
+        ("model.d_modle", "model.d_model"),
+        ("rollout.temprature", "rollout.temperature"),
+        ("zzz", None),
+    ],
+)
+def test_did_you_mean_ranks_by_the_keys_words_then_spelling(key, meant):
+    known = flat_keys(load_module(ARITH).get_config(None))
+    assert did_you_mean(key, known) == (f" (did you mean {meant}?)" if meant else "")
 
 
 def test_default_workdir_is_runs_and_the_config_name():

@@ -11,6 +11,7 @@ Needs the `parity` extra (torch, transformers, peft); skipped without them.
 
 import dataclasses
 import json
+import os
 
 import jax
 import numpy as np
@@ -105,3 +106,19 @@ def test_a_scanned_models_adapters_export_as_the_unrolled_ones(tmp_path):
     assert unrolled.keys() == stacked_out.keys()
     for k in unrolled:
         np.testing.assert_array_equal(unrolled[k], stacked_out[k])
+
+
+def test_the_adapter_files_are_readable_like_the_rest(tmp_path):
+    """safetensors creates its files 0600; adapter_model.safetensors gets the mode of
+    adapter_config.json beside it."""
+    base_dir = tmp_path / "base"
+    _random_model("llama").save_pretrained(base_dir)
+    config, params = hf.load_pretrained(str(base_dir), max_len=24, lora_rank=2, lora_targets="q")
+    params = _with_random_adapters(config, params)
+    previous = os.umask(0o022)
+    try:
+        written = adapters.save_peft(str(tmp_path / "adapter"), params, config)
+    finally:
+        os.umask(previous)
+    modes = {name: os.stat(tmp_path / "adapter" / name).st_mode & 0o777 for name in written}
+    assert modes == {"adapter_config.json": 0o644, "adapter_model.safetensors": 0o644}

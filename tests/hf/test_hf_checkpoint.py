@@ -564,6 +564,28 @@ def test_save_pretrained_with_tokenizer(tmp_path):
         assert json.load(f)["dtype"] == "float32"
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_every_written_file_has_the_mode_of_the_rest(tmp_path, umask, mode):
+    """Weights included (safetensors creates its files 0600): the group and others read
+    them as they read config.json, as far as the user's umask lets them."""
+    source = _tiny_tokenizer_dir(tmp_path / "source")
+    previous = os.umask(umask)
+    try:
+        for out, shard_bytes in (("one", None), ("sharded", 4096)):
+            written = hf.save_pretrained(
+                str(tmp_path / out),
+                TINY,
+                random_params(TINY),
+                tokenizer_dir=str(source),
+                max_shard_bytes=shard_bytes,
+            )
+            modes = {name: os.stat(tmp_path / out / name).st_mode & 0o777 for name in written}
+            assert any(name.endswith(".safetensors") for name in modes)
+            assert set(modes.values()) == {mode}, {k: oct(v) for k, v in modes.items()}
+    finally:
+        os.umask(previous)
+
+
 # ---------------------------------------------------------------------------------------
 # Scanned layers (model.scan_layers): the same files, params stacked over layers.
 

@@ -270,7 +270,7 @@ def test_an_unsealed_checkpoint_is_never_restored(tmp_path, damage):
     assert loop == {"step": 2}
     assert len(lines) == 1
     assert lines[0].startswith("checkpoint 3 was never sealed (the process stopped while saving")
-    assert lines[0].endswith("; using 2")
+    assert lines[0].endswith("; resuming from step 2")
     assert (tmp_path.parent / (tmp_path.name + "_corrupt") / "3").is_dir()
 
 

@@ -7,6 +7,8 @@ import json
 import os
 import pathlib
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +68,34 @@ def test_sigterm_checkpoints_the_step_and_the_rerun_continues_exactly(tmp_path, 
     assert os.listdir(workdir / "checkpoints") == [str(stopped_at)]
     resumed = run_train(str(workdir), "--config.checkpoint_every=100")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert strip_timing(read(str(workdir))) == strip_timing(read(str(reference)))
+
+
+def test_a_rerun_past_a_damaged_checkpoint_says_so_in_one_line(tmp_path, reference):
+    """The rerun's stderr is its progress lines and one line naming the damaged step and
+    the step it resumes from: no traceback, nothing from libtpu. JAX chooses its platforms
+    as it would for a user (no JAX_PLATFORMS), and libtpu's machine-wide lock is lifted,
+    since another process holding it makes libtpu fail without a word."""
+    workdir = tmp_path / "damaged"
+    shutil.copytree(reference, workdir)
+    _overwrite_largest_file(workdir / "checkpoints" / "6", random.Random(0))
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "scripts/train.py", "--config=configs/arith.py"]
+        + [f"--workdir={workdir}", *MICRO],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("step ")]
+    assert len(said) == 1, proc.stderr
+    assert re.fullmatch(
+        r"checkpoint 6 .* does not match its checksum; .*; resuming from step 3", said[0]
+    ), said
     assert strip_timing(read(str(workdir))) == strip_timing(read(str(reference)))
 
 
@@ -154,7 +184,11 @@ def test_kill_9_at_22_points_then_damage_never_restores_changed_bytes(tmp_path, 
             step = int(line.split()[1])
             assert step in damaged, f"point {point}: an intact checkpoint was set aside: {line}"
             del damaged[step]
-            expected = f"using {resume_at}" if resume_at else "the run starts again from step 0"
+            expected = (
+                f"resuming from step {resume_at}"
+                if resume_at
+                else "the run starts again from step 0"
+            )
             assert line.endswith(expected), (point, line, resume_at)
         assert not (set(resumed) & set(damaged) | set(resumed) - {resume_at}), (
             point,

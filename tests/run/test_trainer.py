@@ -110,6 +110,11 @@ def test_resume_continues_exactly(full_run, tmp_path):
         ("--config.replay.capacity=8", "replay.capacity"),
         ("--config.no_such_key=1", "no_such_key"),
         ("--config.rollout.group_sise=4", "rollout.group_sise (did you mean rollout.group_size?)"),
+        # A key by its meaning: num_prompts is how many prompts, not how long.
+        (
+            "--config.rollout.num_prompts=4",
+            "rollout.num_prompts (did you mean rollout.prompts_per_step?)",
+        ),
         ("--config.task.name=no_such_module:make_task", "task.name"),
         # 20 rows do not split over the 8 data shards: the batch size is named, not the
         # microbatches.
