@@ -219,40 +219,42 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     return state, next_rollout + jnp.sum(take, dtype=jnp.int32), admitted
 
 
-def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Settings):
-    """Up to K = refill_every decode steps of every slot (fewer once every slot has
-    stopped). Stopped and empty slots compute and keep nothing. Returns (slots, steps
-    run, row-steps that produced a kept token)."""
+def decode_step(params, state: Slots, sampling: SamplingConfig, settings: Settings) -> Slots:
+    """One decode step of every slot: each live slot feeds its last token, writes its keys
+    and values at its own cache slot and samples its next token with its rollout's own
+    uniform. Stopped and empty slots compute and keep nothing."""
     model, n = settings.model, settings.max_new_tokens
     cache_len = state.kv_mask.shape[1]
     prompt_slots = cache_len - n  # P - 1
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(settings.stop_ids, jnp.int32))
-    variables = {"params": params}
+    logits, cache = model.apply(
+        {"params": params},
+        state.last_tokens[:, None],
+        (state.last_positions + state.step)[:, None],
+        cache=state.cache,
+        cache_index=jnp.minimum(prompt_slots + state.step, cache_len - 1),
+        kv_mask=state.kv_mask,
+    )
+    logits = mask_vocab(logits[:, 0], settings.vocab_size)
+    column = jnp.minimum(state.step, n - 1)
+    uniform = jnp.take_along_axis(state.uniforms, column[:, None], axis=1)[:, 0]
+    tokens, logprobs = sample_tokens(uniform, logits, sampling)
+    live = ~state.done
+    write = live[:, None] & (jnp.arange(n) == column[:, None])  # [S, N]
+    steps = state.step + live
+    return state.replace(
+        cache=cache,
+        last_tokens=jnp.where(live, tokens, state.last_tokens),
+        step=steps,
+        done=state.done | (live & (is_stop(tokens) | (steps >= n))),
+        tokens=jnp.where(write, tokens[:, None], state.tokens),
+        logprobs=jnp.where(write, logprobs[:, None], state.logprobs),
+    )
 
-    def step(state: Slots) -> Slots:
-        logits, cache = model.apply(
-            variables,
-            state.last_tokens[:, None],
-            (state.last_positions + state.step)[:, None],
-            cache=state.cache,
-            cache_index=jnp.minimum(prompt_slots + state.step, cache_len - 1),
-            kv_mask=state.kv_mask,
-        )
-        logits = mask_vocab(logits[:, 0], settings.vocab_size)
-        column = jnp.minimum(state.step, n - 1)
-        uniform = jnp.take_along_axis(state.uniforms, column[:, None], axis=1)[:, 0]
-        tokens, logprobs = sample_tokens(uniform, logits, sampling)
-        live = ~state.done
-        write = live[:, None] & (jnp.arange(n) == column[:, None])  # [S, N]
-        steps = state.step + live
-        return state.replace(
-            cache=cache,
-            last_tokens=jnp.where(live, tokens, state.last_tokens),
-            step=steps,
-            done=state.done | (live & (is_stop(tokens) | (steps >= n))),
-            tokens=jnp.where(write, tokens[:, None], state.tokens),
-            logprobs=jnp.where(write, logprobs[:, None], state.logprobs),
-        )
+
+def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Settings):
+    """Up to K = refill_every decode steps of every slot (fewer once every slot has
+    stopped). Returns (slots, steps run, row-steps that produced a kept token)."""
 
     def cond(inner):
         t, state, _ = inner
@@ -260,7 +262,8 @@ def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Setti
 
     def body(inner):
         t, state, useful = inner
-        return t + 1, step(state), useful + jnp.sum(~state.done, dtype=jnp.int32)
+        useful = useful + jnp.sum(~state.done, dtype=jnp.int32)
+        return t + 1, decode_step(params, state, sampling, settings), useful
 
     zero = jnp.zeros((), jnp.int32)
     steps, state, useful = jax.lax.while_loop(cond, body, (zero, state, zero))
@@ -426,7 +429,8 @@ class Engine:
         a TPU slice's on any host): engine_generate, the whole program `generate` runs for
         num_prompts x num_samples rollouts; engine_prefill, the prompts into the queue's
         prefix table; engine_refill_decode_chunk, one round of harvest, refill and K
-        decode steps over the S slots (the decode step's bytes are read off it)."""
+        decode steps over the S slots; engine_decode_step, one decode step of the S slots
+        alone (the chunk's loop body), whose bytes are the decode step's."""
         from replax.sampling import lowering
 
         params, ids, mask, key = lowering.abstract_inputs(
@@ -454,9 +458,7 @@ class Engine:
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), tree
             )
 
-        def lower_chunk():
-            queue = abstract(jax.eval_shape(prefill, params, ids, mask, key))
-            table = abstract(jax.eval_shape(lambda: empty_table(num_prompts * g, settings)))
+        def abstract_slots():
             # The slots split over the data shards, their caches by the cache's axes.
             state = jax.eval_shape(lambda: empty_slots(settings, self.sampler.max_prompt_len))
             cache_axes = model_lib.cache_axes(self.sampler.model_config)
@@ -468,14 +470,24 @@ class Engine:
             rows = jax.tree_util.tree_map(
                 lambda x: place(x, ("batch",) + (None,) * (x.ndim - 1)), rows
             )
-            state = rows.replace(cache=cache)
-            return jax.jit(one_chunk, donate_argnums=(1,)).lower(params, state, queue, table)
+            return rows.replace(cache=cache)
+
+        def lower_chunk():
+            queue = abstract(jax.eval_shape(prefill, params, ids, mask, key))
+            table = abstract(jax.eval_shape(lambda: empty_table(num_prompts * g, settings)))
+            jitted = jax.jit(one_chunk, donate_argnums=(1,))
+            return jitted.lower(params, abstract_slots(), queue, table)
+
+        def lower_step():
+            step = lambda params, state: decode_step(params, state, sampling, settings)
+            return jax.jit(step, donate_argnums=(1,)).lower(params, abstract_slots())
 
         args = (params, ids, mask, key)
         return {
             "engine_generate": under_rules(lambda: self._jitted.lower(*args, sampling, g, (0, 1))),
             "engine_prefill": under_rules(lambda: jax.jit(prefill).lower(*args)),
             "engine_refill_decode_chunk": under_rules(lower_chunk),
+            "engine_decode_step": under_rules(lower_step),
         }
 
     def generate(self, params, prompt_ids, prompt_mask, rng, **kwargs) -> SampleOutput:

@@ -30,8 +30,9 @@ from replax.rl import evaluation, rollouts
 from replax.rl import train_step as train_step_lib
 from replax.run import assemble as run_lib
 from replax.sampling import decode as decode_lib
+from replax.sampling import engine as engine_lib
 from replax.sampling import lowering
-from replax.tools import tpu_targets
+from replax.tools import hbm_traffic, tpu_targets
 
 # PROGRAMS
 
@@ -124,7 +125,10 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
     policy's weights cast and laid out for the sampler (on the sampler's devices; with
     disjoint placement, after the copy to them). sampler_prefill: the prompts into the
     KV cache. sampler_decode: the whole generation program (prefill and token loop) of
-    R = prompts x G rows. eval_greedy / eval_pass_at_k: held-out evaluation's programs.
+    R = prompts x G rows. With rollout.slots > 0 the run generates through the rollout
+    engine instead, and its programs replace those two (`Engine.lower_programs`):
+    engine_generate, engine_prefill, engine_refill_decode_chunk, engine_decode_step.
+    eval_greedy / eval_pass_at_k: held-out evaluation's programs.
     weight_copy (disjoint placement over several hosts): the reshard that moves the
     trainer's weights to every host's sampler layout.
     """
@@ -145,17 +149,23 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
         "sampler_weights": Program(
             lambda: _lower_prepare(sampler, params), ("train_params",) if colocated else ()
         ),
-        "sampler_prefill": Program(
+    }
+    if isinstance(sampler, engine_lib.Engine):
+        # The run generates through the engine: its programs are what a step runs, and
+        # the static decode is never compiled.
+        engine = sampler.lower_programs(params, c.rollout.prompts_per_step, c.rollout.group_size)
+        programs.update({name: Program(lower) for name, lower in engine.items()})
+    else:
+        programs["sampler_prefill"] = Program(
             lambda: lowering.lower_prefill(
                 sampler, params, c.rollout.prompts_per_step, c.rollout.group_size
             )
-        ),
-        "sampler_decode": Program(
+        )
+        programs["sampler_decode"] = Program(
             lambda: lowering.lower(
                 sampler, params, c.rollout.prompts_per_step, c.rollout.group_size
             )
-        ),
-    }
+        )
     greedy, sample = evaluation.make_samplers(
         run.model_config,
         run.tokenizer,
@@ -245,6 +255,60 @@ def compile_figures(lower: Callable[[], Any], hbm_bytes: int) -> tuple[Any, dict
     out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
     out["compile_s"] = round(seconds, 2)
     return compiled, out
+
+
+# THE ENGINE'S DECODE STEP AGAINST ITS IDEAL
+
+# Asynchronous collective fusion splits a collective over several fusions that pass its
+# buffers through, which `hbm_traffic` cannot attribute; turned off for the byte count,
+# the collectives are plain instructions moving the same bytes.
+TRAFFIC_OPTIONS = {"xla_tpu_enable_async_collective_fusion": False}
+
+
+def engine_decode_traffic(run, programs: Mapping[str, Program]) -> dict[str, Any]:
+    """The HBM bytes per device of one decode step of the run's engine, compiled, against
+    the ideal: the weights (in the sampler's dtype) and the live KV cache of the S slots
+    (P - 1 + N positions each) read once, split over the sampler's devices.
+
+    per_step: `engine_refill_decode_chunk`, one harvest and refill and K = refill_every
+    decode steps (its decode loop counted K times: its bound), over K: what the engine
+    moves a step, the refill included. step: `engine_decode_step` alone, a program of its
+    own (so with its own copies in and out of the donated slots, which a chunk makes
+    once for K steps). Both with the layer loop counted L times (`hbm_traffic`)."""
+    engine = run.sampler
+    counts = {}
+    for name in ("engine_decode_step", "engine_refill_decode_chunk"):
+        compiled = programs[name].lower().compile(compiler_options=TRAFFIC_OPTIONS)
+        counts[name] = hbm_traffic.hbm_bytes(compiled.as_text())
+    step = counts["engine_decode_step"]["total"]
+    chunk = counts["engine_refill_decode_chunk"]
+    # A loop without a constant bound is counted once: then the chunk holds one step.
+    k = 1 if chunk["unknown_trip_counts"] else engine.refill_every
+    per_step = chunk["total"] / k
+    train_state, _ = run_lib.abstract_states(run)
+    c = run.spec.rollout
+    params = lowering.abstract_inputs(engine, c.prompts_per_step, train_state.params)[0]
+    weights = sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(params))
+    cfg = engine.model_config
+    cache_dtype = engine._cache_dtype or cfg.jnp_dtype
+    per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim  # keys and values
+    cache_len = c.max_prompt_len - 1 + c.max_new_tokens
+    kv = engine.slots * cache_len * per_position * jnp.dtype(cache_dtype).itemsize
+    devices = engine.mesh.devices.size
+    ideal = (weights + kv) / devices
+    return {
+        "slots": engine.slots,
+        "refill_every": engine.refill_every,
+        "step_hbm_bytes": step,
+        "per_step_hbm_bytes": per_step,
+        "ideal_weights_bytes": weights / devices,
+        "ideal_kv_bytes": kv / devices,
+        "ideal_bytes": ideal,
+        "ratio": per_step / ideal,
+        "step_ratio": step / ideal,
+        "steps_in_chunk": k,
+        "largest": {name: count["largest"] for name, count in counts.items()},
+    }
 
 
 # MODELLED TIMES
