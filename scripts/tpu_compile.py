@@ -8,7 +8,9 @@ shardings, step options, dtypes, microbatches, logits chunking, sampler mesh and
 cache; replax.run.assemble over the slice's devices), lowers each program the run executes
 from abstract inputs (nothing is allocated) and compiles it with libtpu's TPU compiler:
 the train step, the replay store's add-and-sample, the sampler's weight cast, prefill
-and whole decode program, held-out evaluation's greedy and pass@k programs, and with
+and whole decode program (with `--config.rollout.slots=S` the rollout engine's programs in
+their place: engine_generate, engine_prefill, engine_refill_decode_chunk and
+engine_decode_step), held-out evaluation's greedy and pass@k programs, and with
 `rollout.placement=disjoint` over several hosts the weight copy's reshard. A slice of
 several hosts compiles the program each of its processes runs (the same global program).
 
@@ -19,7 +21,9 @@ and replay store that stay in memory between programs) against the chip's HBM; F
 bytes accessed by the compiler's cost analysis (a loop's body counted once). Then a
 modelled (roofline, never measured) decode step, prefill and train step time and the
 generation / training cost per rollout, mu, from the model's FLOPs and HBM traffic at
-the chip's peaks (replax/tools/aot.py).
+the chip's peaks (replax/tools/aot.py). With the engine's chunk and step compiled, the
+HBM bytes per device of one engine decode step (its refill included) against the ideal,
+the weights and the S slots' KV cache read once (`replax.tools.decode_traffic`).
 
 A config whose model weights come from a Hugging Face checkpoint compiles without it:
 the config's architecture keys give the shapes, and without the tokenizer files a
@@ -152,7 +156,7 @@ def main(argv):
         _fail(f"--config={config_file}: no such file (e.g. --config=configs/arith.py)")
     import jax.numpy as jnp
 
-    from replax.tools import aot, tpu_targets
+    from replax.tools import aot, decode_traffic, tpu_targets
 
     try:
         target, run, programs = build(flags.FLAGS.config, _TOPOLOGY.value)
@@ -191,6 +195,22 @@ def main(argv):
         f"ms, train step {1e3 * modelled['train_step_s']:.2f} ms; mu {modelled['mu']:.2f} "
         "(the paper's measured mu: 5.3 at 7B, 6.8 at Qwen3-0.6B)"
     )
+    traffic = None
+    if {"engine_decode_step", "engine_refill_decode_chunk"} <= set(rows) and not any(
+        "error" in rows[n] for n in ("engine_decode_step", "engine_refill_decode_chunk")
+    ):
+        print("counting the engine's decode step's HBM bytes ...", flush=True)
+        traffic = decode_traffic.engine_decode_traffic(run, programs)
+        print(
+            f"engine decode step (S = {traffic['slots']}, K = {traffic['refill_every']}): "
+            f"{traffic['per_step_hbm_bytes'] / GIB:.3f} GiB of HBM a step per device "
+            f"(a chunk of K steps and its refill, over K; the step alone "
+            f"{traffic['step_hbm_bytes'] / GIB:.3f}) against the ideal "
+            f"{traffic['ideal_bytes'] / GIB:.3f} (weights "
+            f"{traffic['ideal_weights_bytes'] / GIB:.3f} + live KV "
+            f"{traffic['ideal_kv_bytes'] / GIB:.3f} read once): "
+            f"{traffic['ratio']:.2f}x"
+        )
     failed = [n for n, r in rows.items() if "error" in r or not r["fits"]]
     result = {
         "topology": target.name,
@@ -203,6 +223,7 @@ def main(argv):
         "resident_bytes_per_chip": resident,
         "programs": rows,
         "modelled": modelled,
+        "engine_decode_traffic": traffic,
         "config": flags.FLAGS["config"].config_filename,
         "command": " ".join(["python", "scripts/tpu_compile.py", *sys.argv[1:]]),
         "train_mesh": dict(run.mesh.shape),

@@ -124,7 +124,8 @@ class Engine:
         a TPU slice's on any host): engine_generate, the whole program `generate` runs for
         num_prompts x num_samples rollouts; engine_prefill, the prompts into the queue's
         prefix table; engine_refill_decode_chunk, one round of harvest, refill and K
-        decode steps over the S slots (the decode step's bytes are read off it)."""
+        decode steps over the S slots; engine_decode_step, one decode step of the S slots
+        alone (the chunk's loop body), whose bytes are the decode step's."""
         from replax.sampling import lowering
 
         params, ids, mask, key = lowering.abstract_inputs(
@@ -152,11 +153,7 @@ class Engine:
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), tree
             )
 
-        def lower_chunk():
-            queue = abstract(jax.eval_shape(prefill, params, ids, mask, key))
-            table = abstract(
-                jax.eval_shape(lambda: slots_lib.empty_table(num_prompts * g, settings))
-            )
+        def abstract_slots():
             # The slots split over the data shards, their caches by the cache's axes.
             state = jax.eval_shape(
                 lambda: slots_lib.empty_slots(settings, self.sampler.max_prompt_len)
@@ -170,14 +167,26 @@ class Engine:
             rows = jax.tree_util.tree_map(
                 lambda x: place(x, ("batch",) + (None,) * (x.ndim - 1)), rows
             )
-            state = rows.replace(cache=cache)
-            return jax.jit(one_chunk, donate_argnums=(1,)).lower(params, state, queue, table)
+            return rows.replace(cache=cache)
+
+        def lower_chunk():
+            queue = abstract(jax.eval_shape(prefill, params, ids, mask, key))
+            table = abstract(
+                jax.eval_shape(lambda: slots_lib.empty_table(num_prompts * g, settings))
+            )
+            jitted = jax.jit(one_chunk, donate_argnums=(1,))
+            return jitted.lower(params, abstract_slots(), queue, table)
+
+        def lower_step():
+            step = lambda params, state: slots_lib.decode_step(params, state, sampling, settings)
+            return jax.jit(step, donate_argnums=(1,)).lower(params, abstract_slots())
 
         args = (params, ids, mask, key)
         return {
             "engine_generate": under_rules(lambda: self._jitted.lower(*args, sampling, g, (0, 1))),
             "engine_prefill": under_rules(lambda: jax.jit(prefill).lower(*args)),
             "engine_refill_decode_chunk": under_rules(lower_chunk),
+            "engine_decode_step": under_rules(lower_step),
         }
 
     def generate(self, params, prompt_ids, prompt_mask, rng, **kwargs) -> SampleOutput:

@@ -198,40 +198,42 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     return state, next_rollout + jnp.sum(take, dtype=jnp.int32), admitted
 
 
-def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Settings):
-    """Up to K = refill_every decode steps of every slot (fewer once every slot has
-    stopped). Stopped and empty slots compute and keep nothing. Returns (slots, steps
-    run, row-steps that produced a kept token)."""
+def decode_step(params, state: Slots, sampling: SamplingConfig, settings: Settings) -> Slots:
+    """One decode step of every slot: each live slot feeds its last token, writes its keys
+    and values at its own cache slot and samples its next token with its rollout's own
+    uniform. Stopped and empty slots compute and keep nothing."""
     model, n = settings.model, settings.max_new_tokens
     cache_len = state.kv_mask.shape[1]
     prompt_slots = cache_len - n  # P - 1
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(settings.stop_ids, jnp.int32))
-    variables = {"params": params}
+    logits, cache = model.apply(
+        {"params": params},
+        state.last_tokens[:, None],
+        (state.last_positions + state.step)[:, None],
+        cache=state.cache,
+        cache_index=jnp.minimum(prompt_slots + state.step, cache_len - 1),
+        kv_mask=state.kv_mask,
+    )
+    logits = mask_vocab(logits[:, 0], settings.vocab_size)
+    column = jnp.minimum(state.step, n - 1)
+    uniform = jnp.take_along_axis(state.uniforms, column[:, None], axis=1)[:, 0]
+    tokens, logprobs = sample_tokens(uniform, logits, sampling)
+    live = ~state.done
+    write = live[:, None] & (jnp.arange(n) == column[:, None])  # [S, N]
+    steps = state.step + live
+    return state.replace(
+        cache=cache,
+        last_tokens=jnp.where(live, tokens, state.last_tokens),
+        step=steps,
+        done=state.done | (live & (is_stop(tokens) | (steps >= n))),
+        tokens=jnp.where(write, tokens[:, None], state.tokens),
+        logprobs=jnp.where(write, logprobs[:, None], state.logprobs),
+    )
 
-    def step(state: Slots) -> Slots:
-        logits, cache = model.apply(
-            variables,
-            state.last_tokens[:, None],
-            (state.last_positions + state.step)[:, None],
-            cache=state.cache,
-            cache_index=jnp.minimum(prompt_slots + state.step, cache_len - 1),
-            kv_mask=state.kv_mask,
-        )
-        logits = mask_vocab(logits[:, 0], settings.vocab_size)
-        column = jnp.minimum(state.step, n - 1)
-        uniform = jnp.take_along_axis(state.uniforms, column[:, None], axis=1)[:, 0]
-        tokens, logprobs = sample_tokens(uniform, logits, sampling)
-        live = ~state.done
-        write = live[:, None] & (jnp.arange(n) == column[:, None])  # [S, N]
-        steps = state.step + live
-        return state.replace(
-            cache=cache,
-            last_tokens=jnp.where(live, tokens, state.last_tokens),
-            step=steps,
-            done=state.done | (live & (is_stop(tokens) | (steps >= n))),
-            tokens=jnp.where(write, tokens[:, None], state.tokens),
-            logprobs=jnp.where(write, logprobs[:, None], state.logprobs),
-        )
+
+def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Settings):
+    """Up to K = refill_every decode steps of every slot (fewer once every slot has
+    stopped). Returns (slots, steps run, row-steps that produced a kept token)."""
 
     def cond(inner):
         t, state, _ = inner
@@ -239,7 +241,8 @@ def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Setti
 
     def body(inner):
         t, state, useful = inner
-        return t + 1, step(state), useful + jnp.sum(~state.done, dtype=jnp.int32)
+        useful = useful + jnp.sum(~state.done, dtype=jnp.int32)
+        return t + 1, decode_step(params, state, sampling, settings), useful
 
     zero = jnp.zeros((), jnp.int32)
     steps, state, useful = jax.lax.while_loop(cond, body, (zero, state, zero))

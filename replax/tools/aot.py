@@ -30,6 +30,7 @@ from replax.rl import evaluation, rollouts
 from replax.rl import train_step as train_step_lib
 from replax.run import assemble as run_lib
 from replax.sampling import decode as decode_lib
+from replax.sampling import engine as engine_lib
 from replax.sampling import lowering
 from replax.tools import tpu_targets
 
@@ -124,7 +125,10 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
     policy's weights cast and laid out for the sampler (on the sampler's devices; with
     disjoint placement, after the copy to them). sampler_prefill: the prompts into the
     KV cache. sampler_decode: the whole generation program (prefill and token loop) of
-    R = prompts x G rows. eval_greedy / eval_pass_at_k: held-out evaluation's programs.
+    R = prompts x G rows. With rollout.slots > 0 the run generates through the rollout
+    engine instead, and its programs replace those two (`Engine.lower_programs`):
+    engine_generate, engine_prefill, engine_refill_decode_chunk, engine_decode_step.
+    eval_greedy / eval_pass_at_k: held-out evaluation's programs.
     weight_copy (disjoint placement over several hosts): the reshard that moves the
     trainer's weights to every host's sampler layout.
     """
@@ -145,17 +149,23 @@ def run_programs(run, eval_mesh=None) -> dict[str, Program]:
         "sampler_weights": Program(
             lambda: _lower_prepare(sampler, params), ("train_params",) if colocated else ()
         ),
-        "sampler_prefill": Program(
+    }
+    if isinstance(sampler, engine_lib.Engine):
+        # The run generates through the engine: its programs are what a step runs, and
+        # the static decode is never compiled.
+        engine = sampler.lower_programs(params, c.rollout.prompts_per_step, c.rollout.group_size)
+        programs.update({name: Program(lower) for name, lower in engine.items()})
+    else:
+        programs["sampler_prefill"] = Program(
             lambda: lowering.lower_prefill(
                 sampler, params, c.rollout.prompts_per_step, c.rollout.group_size
             )
-        ),
-        "sampler_decode": Program(
+        )
+        programs["sampler_decode"] = Program(
             lambda: lowering.lower(
                 sampler, params, c.rollout.prompts_per_step, c.rollout.group_size
             )
-        ),
-    }
+        )
     greedy, sample = evaluation.make_samplers(
         run.model_config,
         run.tokenizer,
@@ -245,9 +255,6 @@ def compile_figures(lower: Callable[[], Any], hbm_bytes: int) -> tuple[Any, dict
     out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
     out["compile_s"] = round(seconds, 2)
     return compiled, out
-
-
-# MODELLED TIMES
 
 
 def _mean_cache_len(prompt_len: int, new_tokens: int) -> float:

@@ -1,0 +1,71 @@
+"""The rollout engine's decode step against its ideal HBM traffic, on a TPU slice's compiled
+programs: what `scripts/tpu_compile.py` reports as `engine_decode_traffic` (docs/tpu.md).
+The bytes are counted from each program's optimised HLO (`replax.tools.hbm_traffic`),
+loops at their bounds, since the compiler's own `bytes accessed` counts a loop body once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from replax.run import assemble as run_lib
+from replax.sampling import lowering
+from replax.tools import hbm_traffic
+
+# Asynchronous collective fusion splits a collective over several fusions that pass its
+# buffers through, which `hbm_traffic` cannot attribute; turned off for the byte count,
+# the collectives are plain instructions moving the same bytes.
+TRAFFIC_OPTIONS = {"xla_tpu_enable_async_collective_fusion": False}
+
+
+def engine_decode_traffic(run, programs: Mapping[str, Any]) -> dict[str, Any]:
+    """The HBM bytes per device of one decode step of the run's engine, compiled, against
+    the ideal: the weights (in the sampler's dtype) and the live KV cache of the S slots
+    (P - 1 + N positions each) read once, split over the sampler's devices.
+
+    per_step: `engine_refill_decode_chunk`, one harvest and refill and K = refill_every
+    decode steps (its decode loop counted K times: its bound), over K: what the engine
+    moves a step, the refill included. step: `engine_decode_step` alone, a program of its
+    own (so with its own copies in and out of the donated slots, which a chunk makes
+    once for K steps). Both with the layer loop counted L times (`hbm_traffic`)."""
+    engine = run.sampler
+    counts = {}
+    for name in ("engine_decode_step", "engine_refill_decode_chunk"):
+        compiled = programs[name].lower().compile(compiler_options=TRAFFIC_OPTIONS)
+        counts[name] = hbm_traffic.hbm_bytes(compiled.as_text())
+    step = counts["engine_decode_step"]["total"]
+    chunk = counts["engine_refill_decode_chunk"]
+    # A loop without a constant bound is counted once: then the chunk holds one step.
+    k = 1 if chunk["unknown_trip_counts"] else engine.refill_every
+    per_step = chunk["total"] / k
+    train_state, _ = run_lib.abstract_states(run)
+    c = run.spec.rollout
+    params = lowering.abstract_inputs(engine, c.prompts_per_step, train_state.params)[0]
+    weights = sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(params))
+    cfg = engine.model_config
+    cache_dtype = engine._cache_dtype or cfg.jnp_dtype
+    per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim  # keys and values
+    cache_len = c.max_prompt_len - 1 + c.max_new_tokens
+    kv = engine.slots * cache_len * per_position * jnp.dtype(cache_dtype).itemsize
+    devices = engine.mesh.devices.size
+    ideal = (weights + kv) / devices
+    return {
+        "slots": engine.slots,
+        "refill_every": engine.refill_every,
+        "step_hbm_bytes": step,
+        "per_step_hbm_bytes": per_step,
+        "ideal_weights_bytes": weights / devices,
+        "ideal_kv_bytes": kv / devices,
+        "ideal_bytes": ideal,
+        "ratio": per_step / ideal,
+        "step_ratio": step / ideal,
+        "steps_in_chunk": k,
+        "largest": {name: count["largest"] for name, count in counts.items()},
+    }
+
+
+# MODELLED TIMES

@@ -1,0 +1,39 @@
+"""Tests for replax/tools/decode_traffic.py, through scripts/tpu_compile.py: a run through
+the rollout engine compiles its programs for v5e:2x2 under the same fits rule as every
+program, and its decode step's HBM bytes stand against the ideal (weights and the live
+KV cache read once)."""
+
+import json
+
+import pytest
+from test_aot import MICRO, tpu_compile
+
+from replax.tools import aot
+
+ENGINE = "engine_generate,engine_prefill,engine_refill_decode_chunk,engine_decode_step"
+
+
+def test_a_run_through_the_engine_compiles_its_programs_and_fits(tmp_path):
+    # R = 4 prompts x 8 samples = 32 rollouts through S = 8 slots, refilled every 2 steps.
+    out = tmp_path / "engine.json"
+    slots = ["--config.rollout.slots=8", "--config.rollout.refill_every=2"]
+    proc = tpu_compile("--topology=v5e:2x2", f"--programs={ENGINE}", f"--out={out}", *MICRO, *slots)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result["programs"]) == set(ENGINE.split(","))
+    hbm = result["hbm_bytes_per_device"]
+    resident = sum(result["resident_bytes_per_chip"][k] for k in aot.RESIDENT)
+    for name, p in result["programs"].items():
+        # The same rule as every program's: the peak with the resident state beside it.
+        assert p["peak_in_run_bytes_per_chip"] == p["peak_bytes_per_chip"] + resident, name
+        assert p["fits"] is (p["peak_in_run_bytes_per_chip"] <= 0.9 * hbm), name
+        assert p["fits"] and p["bytes_accessed"] > 0, name
+    # The chunk donates its slots: their caches come back in place.
+    assert result["programs"]["engine_refill_decode_chunk"]["alias_bytes"] > 0
+    traffic = result["engine_decode_traffic"]
+    assert (traffic["slots"], traffic["refill_every"], traffic["steps_in_chunk"]) == (8, 2, 2)
+    # One step at least reads each device's share of the weights and of the 8 slots' cache.
+    assert traffic["step_hbm_bytes"] >= traffic["ideal_weights_bytes"] > 0
+    assert traffic["ideal_kv_bytes"] > 0
+    assert traffic["ratio"] == pytest.approx(traffic["per_step_hbm_bytes"] / traffic["ideal_bytes"])
+    assert "engine decode step (S = 8, K = 2)" in proc.stdout
