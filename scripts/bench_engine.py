@@ -233,6 +233,7 @@ def main(argv):
         "same_rollouts": same,
         "logprob_max_abs_diff": float(diff.max()),
         "logprob_max_rel_diff": float((diff / np.maximum(1.0, np.abs(whole_lp))).max()),
+        "rollouts_differing_engine_vs_static_whole": differing(engine_tokens, whole_tokens),
         "rollouts_differing_engine_vs_static_blocked": differing(engine_tokens, tokens),
         "rollouts_differing_static_whole_vs_static_blocked": differing(whole_tokens, tokens),
         "tokens_kept": int(lengths.sum()),
