@@ -29,7 +29,6 @@ S x (P - 1 + N) whatever the lengths: S is what bounds it, not R.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -102,21 +101,10 @@ class Engine:
         top_p: float | None = None,
         row_block: tuple[int, int] = (0, 1),
     ) -> tuple[SampleOutput, EngineStats]:
-        sampler = self.sampler
-        sampling = sampler.sampling
-        overrides = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-        overrides = {k: v for k, v in overrides.items() if v is not None}
-        if overrides:
-            sampling = dataclasses.replace(sampling, **overrides)
-            sampler._check_sampling(sampling, sampler.model_config)
-        prompt_ids, prompt_mask = sampler._inputs(prompt_ids, prompt_mask, num_samples)
-        params = sampler.prepare_params(params)
-        row_block = (int(row_block[0]), int(row_block[1]))
-        args = (params, prompt_ids, prompt_mask, rng, sampling, int(num_samples), row_block)
-        if self.mesh is None:
-            return self._jitted(*args)
-        with sharding.activation_rules(self.mesh, self.rules):
-            return self._jitted(*args)
+        args = self.sampler.call_args(
+            params, prompt_ids, prompt_mask, rng, num_samples, row_block, temperature, top_k, top_p
+        )
+        return self.sampler.call(self._jitted, *args)
 
     def lower_programs(self, abstract_params, num_prompts: int, num_samples: int) -> dict:
         """name -> a zero-argument function lowering that program of the engine from

@@ -311,21 +311,32 @@ class Sampler:
         (`replax.sampling.engine`) generates under the same rng, wherever it runs.
         Returns [B x G, ...] fields.
         """
+        args = self.call_args(
+            params, prompt_ids, prompt_mask, rng, num_samples, row_block, temperature, top_k, top_p
+        )
+        return self.call(self._jitted, *args, bool(rollout_keys))
+
+    def call_args(
+        self, params, prompt_ids, prompt_mask, rng, num_samples, row_block, *sampling_overrides
+    ) -> tuple:
+        """A decode program's checked, placed arguments; sampling_overrides: temperature,
+        top_k, top_p (None keeps the sampler's)."""
+        names = zip(("temperature", "top_k", "top_p"), sampling_overrides)
+        overrides = {k: v for k, v in names if v is not None}
         sampling = self.sampling
-        overrides = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-        overrides = {k: v for k, v in overrides.items() if v is not None}
         if overrides:
             sampling = dataclasses.replace(sampling, **overrides)
             self._check_sampling(sampling, self.model_config)
         prompt_ids, prompt_mask = self._inputs(prompt_ids, prompt_mask, num_samples)
         params = self.prepare_params(params)
         row_block = (int(row_block[0]), int(row_block[1]))
-        args = (params, prompt_ids, prompt_mask, rng)
-        args += (sampling, int(num_samples), row_block, bool(rollout_keys))
+        return params, prompt_ids, prompt_mask, rng, sampling, int(num_samples), row_block
+
+    def call(self, jitted, *args):  # under the sampler mesh's activation rules
         if self.mesh is None:
-            return self._jitted(*args)
+            return jitted(*args)
         with sharding.activation_rules(self.mesh, self.rules):
-            return self._jitted(*args)
+            return jitted(*args)
 
     def sample_k(self, params, prompt_ids, prompt_mask, rng, k: int, **overrides) -> SampleOutput:
         """k completions per prompt (for pass@k and group rollouts): fields are [B, k, ...]."""
