@@ -91,7 +91,11 @@ def step_record(run: Run, loop, step_rollouts: StepRollouts, stats, step_metrics
     fresh, generated = step_rollouts.rollouts, step_rollouts.generated
     seconds = processes.from_process_zero(np.array([step_rollouts.gen_s, train_s]))
     gen_s, train_s = (float(t) for t in seconds)
-    account_step(account, run, fresh.lengths, gen_s, train_s)
+    passes = flops_lib.TrainPasses(
+        forward=float(step_metrics["forward_passes"]),
+        backward=float(step_metrics["backward_passes"]),
+    )
+    account_step(account, run, fresh.lengths, gen_s, train_s, passes)
     kept = int(stats["rollouts_kept"]) if generated else None
     schedule.observe(
         gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
@@ -138,9 +142,19 @@ def placement_record(disjoint, loop, step, fresh: StepRollouts, t_start):
     }
 
 
-def account_step(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, train_s) -> None:
+def account_step(
+    account: metrics_lib.ComputeAccount,
+    run: Run,
+    lengths,
+    gen_s,
+    train_s,
+    passes: flops_lib.TrainPasses | None = None,
+) -> None:
     """Adds one step's generation (lengths int[R] of the completions, or None when the
-    step generated nothing) and training to the cumulative compute account."""
+    step generated nothing) and training to the cumulative compute account; passes: what
+    the train step ran (its `forward_passes` and `backward_passes` metrics; None: one
+    forward and one backward)."""
+    passes = passes or flops_lib.TrainPasses()
     c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
     if lengths is not None:
         account.gen_tokens += int(lengths.sum())
@@ -148,7 +162,8 @@ def account_step(account: metrics_lib.ComputeAccount, run: Run, lengths, gen_s, 
             run.model_config, r, c.rollout.max_prompt_len, int(lengths.max()), run.seq_len
         )
         account.gen_rollouts += r
-    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len)
+    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len, passes)
+    account.train_cost += b * passes.relative_cost
     account.gen_s += gen_s
     account.train_s += train_s
     account.train_rollouts += b
