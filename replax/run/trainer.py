@@ -175,7 +175,7 @@ def restore(run: Run, checkpointer, prompt_iter, log=print, warn=print):
         loop.schedule = auto_replay.AutoReplayController.from_state_dict(saved["auto_replay"])
     loop.step, loop.wall_s = saved["step"], saved["wall_s"]
     loop.base_accuracy = saved["base_accuracy"]
-    loop.account = metrics_lib.ComputeAccount(**saved["account"])
+    loop.account = metrics_lib.ComputeAccount.from_dict(saved["account"])
     loop.skipped_steps = saved.get("skipped_steps", 0)
     loop.reward_errors = saved.get("reward_errors", 0)
     if saved.get("pending"):
