@@ -199,6 +199,7 @@ def run_loop(
     is requested: then it checkpoints the step it finished and raises runtime.Preempted."""
     c, evaluator, schedule, account = run.spec, data.evaluator, loop.schedule, loop.account
     if loop.base_accuracy is None:
+        log(f"evaluating the base policy on {len(evaluator.examples)} held-out prompts ...")
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
     writer, bar = _outputs(run, loop)
@@ -217,6 +218,8 @@ def run_loop(
         if spent():
             break  # a resumed run that had already spent its rollout budget
         t_step = time.time()
+        if step == c.total_steps - 1:
+            bar.doing(step, "last step")
         gen_key, sample_key, eval_key = step_keys(base_key, step)
         generated, max_age = schedule.should_generate(step), schedule.max_age()
         # Skipped steps did not advance the optimizer's count of updates.
@@ -244,6 +247,7 @@ def run_loop(
         loop.step = step + 1
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
+            bar.doing(loop.step, f"evaluating on {len(evaluator.examples)} held-out prompts")
             eval_metrics, samples = evaluator.evaluate(train_state.params, eval_key)
             record.update(eval_metrics)
             writer.write_samples(loop.step, samples)
@@ -282,6 +286,7 @@ def run_loop(
         raise runtime.Preempted(stop.signal_name if stop else "preemption", loop.step)
     final = record.get("eval_accuracy")
     if final is None:
+        log(f"final evaluation on {len(evaluator.examples)} held-out prompts ...")
         final = evaluator.accuracy(train_state.params, jax.random.key(0))
     return {
         "base_accuracy": loop.base_accuracy,
