@@ -125,6 +125,13 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
     skipped = validation.long_prompts(spec, prompts, lengths)
     validation.validate_answers_fit(spec, task.max_answer_chars())
     check_machine(spec, mcfg, num_devices, jax.process_count(), jax.default_backend())
+    train_devices, _ = validation.placement_devices(spec, num_devices, jax.process_count())
+    validation.validate_split_sizes(
+        spec,
+        whole_split_sizes(spec, task),
+        validation.data_shards(spec, train_devices),
+        task_source(spec.task),
+    )
     check_engine_memory(spec, mcfg, num_devices, jax.process_count())
     return Built(
         model_config=mcfg,
@@ -175,6 +182,23 @@ def split_prompts(spec: RunSpec, task: Task) -> dict[str, list[str]]:
         split: [e.prompt for e in task.examples(split, num, spec.task.data_seed)]
         for split, num in sizes.items()
     }
+
+
+def whole_split_sizes(spec: RunSpec, task: Task) -> dict[str, int]:
+    """The size of each split that the data set takes whole (task.num_* = 0: all a
+    file-backed task holds), known only once the task is read."""
+    sizes = {"train": spec.task.num_train, "test": spec.task.num_test}
+    return {
+        split: len(task.examples(split, 0, spec.task.data_seed))
+        for split, num in sizes.items()
+        if num == 0
+    }
+
+
+def task_source(task: sections.TaskSection) -> str:
+    """Where a task's examples come from, as a message names it."""
+    path = task.kwargs.get("data_path", "")
+    return f"task.data_path={path!r}" if path else f"task {task.name}"
 
 
 def task_keys_error(task: sections.TaskSection, error: TypeError) -> str:

@@ -65,8 +65,16 @@ class WarmStartConfig:
     batch_size: int = 64
     learning_rate: float = 1e-3
     eval_every: int = 100
+    # Demonstrations SFT draws its batches from: the task's first num_examples train
+    # examples (0: all of them, for a task that holds a fixed set, such as a file).
+    num_examples: int = 20_000
 
     def __post_init__(self):
+        if self.num_examples < 0:
+            raise ValueError(
+                f"warmstart.num_examples={self.num_examples}: allowed is 0 (the train "
+                "split) or a count >= 1"
+            )
         if not 0.0 <= self.min_accuracy <= self.max_accuracy <= 1.0:
             raise ValueError(
                 f"warmstart accuracies: need 0 <= min_accuracy ({self.min_accuracy}) <= "
@@ -218,11 +226,13 @@ class WarmstartSection:
     learning_rate: float
     eval_every: int
     cache_dir: str
+    num_examples: int
 
     def __post_init__(self):
         number("warmstart.learning_rate", self.learning_rate, low=0, low_open=True)
         for key in ("batch_size", "max_steps", "eval_every"):
             number(f"warmstart.{key}", getattr(self, key), low=1, integer=True)
+        number("warmstart.num_examples", self.num_examples, low=0, integer=True)
         library_check(self.config)
 
     def config(self) -> WarmStartConfig:
