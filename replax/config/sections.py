@@ -235,10 +235,20 @@ class WarmstartSection:
         number("warmstart.num_examples", self.num_examples, low=0, integer=True)
         library_check(self.config)
 
-    def config(self) -> WarmStartConfig:
+    def config(self, num_train: int = 0) -> WarmStartConfig:
+        """The library's config; num_examples=0 stands for the train split as the RL data
+        holds it, task.num_train examples (`num_train`; 0 there too: all of a file)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del fields["cache_dir"]
-        return WarmStartConfig(**fields)
+        return WarmStartConfig(**{**fields, "num_examples": self.num_examples or num_train})
+
+    def cache_fields(self) -> dict[str, Any]:
+        """What of this section a cached base depends on: not where it is stored, nor the
+        pool of 20,000 examples that bases drew from before num_examples existed (so those
+        bases stay valid)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del fields["cache_dir"]
+        return {k: v for k, v in fields.items() if (k, v) != ("num_examples", 20_000)}
 
 
 @dataclasses.dataclass(frozen=True)

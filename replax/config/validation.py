@@ -71,42 +71,6 @@ def validate_task_sizes(spec) -> None:
         )
 
 
-def validate_split_sizes(spec, sizes: Mapping[str, int], shards: int, source: str) -> None:
-    """The examples of the splits taken whole (sizes: split -> count, measured by the build
-    step) cover a step's prompts, the evaluation's (a multiple of the data shards) and the
-    warm start's demonstrations. The line names the key and a value that fits."""
-    train, test = sizes.get("train"), sizes.get("test")
-    if train is not None:
-        least = spec.rollout.prompts_per_step
-        require(
-            least <= train,
-            f"rollout.prompts_per_step={least} is more than the {train} train examples of "
-            f"{source}: set rollout.prompts_per_step to {train} or less",
-        )
-        wanted = spec.warmstart.num_examples
-        require(
-            spec.model.init != "warmstart" or wanted <= train,
-            f"warmstart.num_examples={wanted} is more than the {train} train examples of "
-            f"{source}: set warmstart.num_examples to {train} or less (0: all of them)",
-        )
-    if test is not None:
-        wanted, fits = spec.eval.num_prompts, test // shards * shards
-        if wanted <= test:
-            return
-        per_shard = f", a multiple of the {shards} data shards" if shards > 1 else ""
-        require(
-            fits == 0,
-            f"eval.num_prompts={wanted} is more than the {test} held-out examples of "
-            f"{source}: set eval.num_prompts={fits} (or less{per_shard})",
-        )
-        raise ConfigError(
-            f"eval.num_prompts={wanted} is more than the {test} held-out examples of "
-            f"{source}, and {shards} data shards need at least {shards}: give the task more "
-            "held-out examples (with task.name='jsonl', more records or a larger "
-            "task.test_fraction)"
-        )
-
-
 def validate_auto_mode(spec) -> None:
     """Auto mode takes the gradient of each half of the batch, and cannot plan a replay
     ratio below that of generating every step."""

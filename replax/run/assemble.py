@@ -305,22 +305,13 @@ def _warm_start(run: Run, data: Data, log, stop=None):
             for k, v in c.task.to_dict().items()
             if k != "data_dir" and (k, v) != ("long_prompts", "error")
         },
-        # Likewise the pool of 20,000 examples that the warm start drew from before
-        # warmstart.num_examples existed.
-        warmstart={
-            k: v
-            for k, v in dataclasses.asdict(c.warmstart).items()
-            if k != "cache_dir" and (k, v) != ("num_examples", 20_000)
-        },
+        warmstart=c.warmstart.cache_fields(),
         seed=c.seed,
         rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
     )
     params, info = warmstart_lib.warm_start(
         model=model_lib.Transformer(base_config),
-        # 0: the train split as the RL data holds it (task.num_train; 0 there too: all).
-        config=dataclasses.replace(
-            c.warmstart.config(), num_examples=c.warmstart.num_examples or c.task.num_train
-        ),
+        config=c.warmstart.config(num_train=c.task.num_train),
         tokenizer=run.tokenizer,
         task=run.task,
         evaluator=data.evaluator,

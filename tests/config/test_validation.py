@@ -78,34 +78,6 @@ def test_validate_task_sizes():
     validation.validate_task_sizes(spec(task__num_train=0, task__num_test=0))  # all of a file
 
 
-def test_validate_split_sizes_names_a_value_that_fits():
-    rule, source = validation.validate_split_sizes, "task.data_path='my.jsonl'"
-    # 30 held-out records over 8 data shards: 24 of them can be evaluated.
-    fails(
-        rule,
-        spec(eval__num_prompts=64),
-        {"test": 30},
-        8,
-        source,
-        match=r"^eval.num_prompts=64 is more than the 30 held-out examples of "
-        r"task.data_path='my.jsonl': set eval.num_prompts=24 \(or less, a multiple of the 8 ",
-    )
-    fails(rule, spec(eval__num_prompts=8), {"test": 5}, 8, source, match="more held-out")
-    fails(
-        rule,
-        spec(warmstart__num_examples=20_000),
-        {"train": 270},
-        8,
-        source,
-        match=r"set warmstart.num_examples to 270 or less \(0: all of them\)$",
-    )
-    fails(rule, spec(rollout__prompts_per_step=4), {"train": 3}, 1, source, match="to 3 or less")
-    rule(spec(eval__num_prompts=24, warmstart__num_examples=0), {"train": 270, "test": 30}, 8, "")
-    # Without a warm start its pool size is not used; a split given by count is not measured.
-    rule(spec(model__init="random", warmstart__num_examples=20_000), {"train": 270}, 8, source)
-    rule(spec(eval__num_prompts=1024), {}, 8, source)
-
-
 def test_validate_auto_mode():
     auto = dict(replay__mode="auto")
     fails(validation.validate_auto_mode, spec(**auto, train__batch_size=15), match="even")
