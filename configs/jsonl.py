@@ -2,8 +2,8 @@ r"""RL with experience replay on your own prompts and answers (a JSONL file), sc
 your own reward function.
 
 Policy, algorithm, buffer and hardware: those of configs/arith.py (a 1.0M-parameter
-byte-level decoder warm-started by SFT on the file's answers until it solves 30-40% of
-held-out prompts; GRPO-style group advantages, PPO-clip against the behaviour log-probs;
+byte-level decoder warm-started by SFT on the answers of the file's train records, all of
+them, until it solves 30-40% of held-out prompts; GRPO-style group advantages, PPO-clip against the behaviour log-probs;
 positive-bias replay of N = 4096), with its variants `replay` (default) and `onpolicy`.
 Task: `task.data_path`, a JSONL file with one {"prompt": ..., "answer": ...} record a line;
 `task.test_fraction` of the records (chosen by a hash of the prompt, so stable) are
@@ -14,7 +14,15 @@ exception scores 0 and is counted in metrics.jsonl's cumulative `reward_errors`)
 Hardware and time: as configs/arith.py's for prompts and answers of that size (a few
 minutes on 2 CPU cores for a short file); larger models through --config.model.*. TPU
 target: configs/arith.py's (v5e:2x2).
-Expected: held-out accuracy (mean reward of greedy completions) up from the warm start.
+Sizes: 16 held-out prompts are evaluated, which a file of a few hundred lines holds; a
+setting the file cannot hold exits 2 before anything is written, naming the key and a
+value that fits.
+Expected: held-out accuracy (mean reward of greedy completions) up from the warm start,
+when the policy can learn the task from the file's records: 300 lines of copied digits
+("417=" -> "417") go from 0.33 to 0.46 in 60 steps of a 0.1M-parameter policy
+(tests/run/test_trainer.py); 300 lines of 3-digit sums are memorised, not learnt
+(docs/reference.md#your-own-prompts): give such a task thousands of records or a real
+model (--config.model.checkpoint).
 
   python scripts/train.py --config=configs/jsonl.py --workdir=runs/mine \
       --config.task.data_path=my_data.jsonl --config.task.reward=my_reward.py:reward
