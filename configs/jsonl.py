@@ -3,8 +3,9 @@ your own reward function.
 
 Policy, algorithm, buffer and hardware: those of configs/arith.py (a 1.0M-parameter
 byte-level decoder warm-started by SFT on the answers of the file's train records, all of
-them, until it solves 30-40% of held-out prompts; GRPO-style group advantages, PPO-clip against the behaviour log-probs;
-positive-bias replay of N = 4096), with its variants `replay` (default) and `onpolicy`.
+them, until it solves 30-40% of held-out prompts; GRPO-style group advantages, PPO-clip
+against the behaviour log-probs; positive-bias replay of N = 4096), with its variants
+`replay` (default) and `onpolicy`.
 Task: `task.data_path`, a JSONL file with one {"prompt": ..., "answer": ...} record a line;
 `task.test_fraction` of the records (chosen by a hash of the prompt, so stable) are
 held out. Reward: `task.reward`, `path/to/file.py:FN` or `package.module:FN` with

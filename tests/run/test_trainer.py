@@ -393,8 +393,7 @@ def test_the_readme_own_prompts_command_on_300_lines_gains(tmp_path):
             digits = str(rng.randint(100, 999))
             f.write(json.dumps({"prompt": f"{digits}=", "answer": digits}) + "\n")
     (tmp_path / "my_reward.py").write_text(
-        "def reward(prompt, completion, answer):\n"
-        "    return float(completion.strip() == answer)\n"
+        "def reward(prompt, completion, answer):\n    return float(completion.strip() == answer)\n"
     )
     workdir = tmp_path / "runs" / "mine"
     cmd = [
@@ -408,7 +407,9 @@ def test_the_readme_own_prompts_command_on_300_lines_gains(tmp_path):
     ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    base, final = map(float, re.search(r"accuracy ([\d.]+) -> final ([\d.]+)", proc.stdout).groups())
+    base, final = map(
+        float, re.search(r"accuracy ([\d.]+) -> final ([\d.]+)", proc.stdout).groups()
+    )
     assert 0.30 <= base <= 0.40, proc.stdout[-2000:]  # the warm start's window
     evals = [r["eval_accuracy"] for r in read(str(workdir)) if "eval_accuracy" in r]
     assert len(evals) == 3 and round(evals[-1], 3) == final
