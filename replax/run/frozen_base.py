@@ -124,9 +124,7 @@ def _check(saved: dict[str, str] | None, current: dict[str, str], where: str) ->
 def restore_train_state(run, checkpointer, step: int, abstract_train_state) -> Any:
     """A step's whole train state (the adapters on their base, with LoRA): what evaluation
     and export read. `abstract_train_state`: the run's, as `assemble.abstract_states`."""
-    state = checkpointer.restore_train_state(
-        step, train_state=stored(run, abstract_train_state)
-    )
+    state = checkpointer.restore_train_state(step, train_state=stored(run, abstract_train_state))
     if not lora.enabled(run.model_config):
         return state
     args = ocp.args.Composite(loop_state=ocp.args.JsonRestore())

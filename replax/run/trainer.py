@@ -26,15 +26,13 @@ import ml_collections
 
 from replax.config import spec as spec_lib
 from replax.core import processes
-from replax.core.config_utils import ConfigError
 from replax.replay import auto as auto_replay
 from replax.replay import schedules
 from replax.rl import placement
 from replax.rl import train_step as train_step_lib
 from replax.run import checkpoint as checkpoint_lib
-from replax.run import frozen_base
+from replax.run import frozen_base, progress, runtime, steps
 from replax.run import metrics as metrics_lib
-from replax.run import progress, runtime, steps
 from replax.run.assemble import (
     Data,
     Run,
