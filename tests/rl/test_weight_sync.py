@@ -119,9 +119,7 @@ def test_after_the_first_sync_only_the_adapters_cross(monkeypatch, rank, decode_
         jax.device_get(second),
         expected,
     )
-    assert all(
-        x.sharding.device_set == set(sampler_devices) for x in jax.tree.leaves(second)
-    )
+    assert all(x.sharding.device_set == set(sampler_devices) for x in jax.tree.leaves(second))
     if rank and not sampler.merges_adapters:
         # The sampler's base is the one it received at the first sync, the same arrays.
         kept, again = lora.partition(first, True)[1], lora.partition(second, True)[1]
