@@ -62,7 +62,9 @@ def fingerprint(run, params) -> dict[str, str] | None:
 
 
 def _base_path(run) -> epath.Path:
-    return epath.Path(run.workdir).absolute() / BASE_DIR
+    """WORKDIR/lora_base: a local directory made absolute (orbax wants one), a URL as it is."""
+    path = epath.Path(run.workdir) / BASE_DIR
+    return path if "://" in str(run.workdir) else path.absolute()
 
 
 def save_base(run, params) -> dict[str, str] | None:
