@@ -39,7 +39,7 @@ TINY = model_lib.ModelConfig(
 def _state(config):
     model = model_lib.Transformer(config)
     init = train_step_lib._init_fn(model, optax.adam(1e-3), False)
-    return nn.unbox(init(jax.random.key(0)))
+    return jax.jit(lambda key: nn.unbox(init(key)))(jax.random.key(0))
 
 
 @pytest.mark.parametrize("rank", [0, 2])
