@@ -54,6 +54,8 @@ ADDED_KEYS = {
     "model.lora_rank": 0,
     "model.lora_alpha": 16.0,
     "model.lora_targets": "q,k,v,o,gate,up,down",
+    # Auto mode planned y >= B / R only.
+    "replay.auto_min_y": 0.0,
 }
 
 

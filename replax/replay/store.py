@@ -200,12 +200,16 @@ class ReplayBuffer:
             num_offered=state.num_offered + num_rows,
         )
 
-    def sample(self, state: ReplayState, rng, batch_size: int, step, max_age=None):
+    def sample(self, state: ReplayState, rng, batch_size: int, step, max_age=None, once=None):
         """Draws batch_size items (static). Returns (state with times_sampled updated,
         batch pytree with leaves [B, ...] shard-major in local mode, SampleInfo).
 
         max_age: optional int (may be traced) that replaces the static `max_age` for this
-        draw, so a controller can move the staleness limit without recompiling."""
+        draw, so a controller can move the staleness limit without recompiling.
+        once: optional bool[] (may be traced); when true, only items never drawn before are
+        eligible and they are drawn without replacement, so that with at least B of them
+        eligible every item of the batch is trained on for the first and only time (auto
+        mode's on-policy steps)."""
         num_pools = self.num_shards if self.sample_mode == "local" else 1
         pool_size = self.capacity // num_pools
         if batch_size % num_pools:
@@ -236,6 +240,8 @@ class ReplayBuffer:
             eligible &= age <= max_age
         if self.max_reuse is not None:
             eligible &= state.times_sampled < self.max_reuse
+        if once is not None:
+            eligible &= ~jnp.asarray(once, bool) | (state.times_sampled == 0)
         log_weight = jnp.zeros(self.capacity, jnp.float32)
         if self.strategy == "recency":
             log_weight = -age.astype(jnp.float32) / self.recency_tau
@@ -245,7 +251,7 @@ class ReplayBuffer:
 
         # Draw B / P per pool, gather and count the draws within each pool.
         keys = jax.random.split(rng, num_pools)
-        every_written_slot = self.strategy == "uniform" and max_age is None
+        every_written_slot = self.strategy == "uniform" and max_age is None and once is None
         if every_written_slot and self.max_reuse is None and num_pools == self.num_shards:
             # Each pool is a shard whose written slots all are drawable: no [N]-sized work.
             written = functools.partial(
@@ -258,6 +264,7 @@ class ReplayBuffer:
                 replay_pool.draw_from_pool,
                 batch_size=per_pool,
                 replace=self.strategy != "uniform_no_replacement",
+                without=once,
             )
             pooled = _split((log_weight, eligible, state.valid), num_pools)
             local_index, log_prob, num_drawable, min_log_prob = jax.vmap(draw)(keys, *pooled)

@@ -349,6 +349,10 @@ def make_add_and_sample(
     placeholders of the same shapes). max_age (int32[]): items older than this many steps
     are not drawn. version (int32[]; None: step): the train step of the policy that
     generated the fresh rollouts, stored as their step (their age counts from it).
+    once (bool[]; None: false): auto mode's on-policy step, which stores every fresh
+    rollout (zero-advantage groups too, as on-policy training sees them) and draws only
+    never-drawn ones, without replacement. train (bool[]; None: true): whether the batch
+    is trained on; when false the draw is not counted in the store's bookkeeping.
     """
 
     def add_and_sample(
@@ -362,6 +366,8 @@ def make_add_and_sample(
         generated,
         max_age,
         version=None,
+        once=None,
+        train=None,
     ):
         # FRESH ROLLOUTS, advantages frozen at generation.
         items = make_rollouts(
@@ -376,14 +382,20 @@ def make_add_and_sample(
         keep = jnp.broadcast_to(generated, rewards.shape)
         if drop_zero_advantage:
             spread = jnp.ptp(rewards.reshape(-1, group_size), axis=1) > 0
-            keep = keep & jnp.repeat(spread, group_size)
+            spread = jnp.repeat(spread, group_size)
+            keep = keep & (spread if once is None else spread | once)
         # ADD, THEN SAMPLE THE TRAINING BATCH.
         replay_state = buffer.add(
             replay_state, items, step if version is None else version, keep=keep
         )
+        added = replay_state
         replay_state, sampled, info = buffer.sample(
-            replay_state, rng, batch_size, step, max_age=max_age
+            replay_state, rng, batch_size, step, max_age=max_age, once=once
         )
+        if train is not None:  # a batch not trained on leaves no draws counted
+            replay_state = replay_state.replace(
+                meta=jnp.where(train, replay_state.meta, added.meta)
+            )
         batch = {
             **sampled,
             "importance_weights": info.importance_weights,
