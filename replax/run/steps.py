@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replax.core import processes
+from replax.core import processes, sharding
 from replax.model import flops as flops_lib
 from replax.rl import rollouts
 from replax.run import metrics as metrics_lib
@@ -82,13 +82,26 @@ def add_sample_and_train(
         **varies,
     )
     if not trains:  # the same keys as a trained step's record, without values
-        shapes = jax.eval_shape(run.train_step, train_state, batch)[1]
-        return replay_state, train_state, {**dict.fromkeys(shapes), "skipped": 0}, (
+        keys = _train_metric_keys(run, train_state, batch)
+        return replay_state, train_state, {**dict.fromkeys(keys), "skipped": 0}, (
             jax.device_get(stats)
         )
     train_state, step_metrics = run.train_step(train_state, batch)
     step_metrics, stats = jax.device_get((step_metrics, stats))
     return replay_state, train_state, step_metrics, stats
+
+
+# The train step's metric names, per compiled train step (traced once, not per step).
+_TRAIN_KEYS: dict[int, tuple[str, ...]] = {}
+
+
+def _train_metric_keys(run: Run, train_state, batch) -> tuple[str, ...]:
+    jitted = run.train_step.jitted
+    if id(jitted) not in _TRAIN_KEYS:
+        with sharding.activation_rules(run.mesh, run.rules):
+            _, shapes = jax.eval_shape(jitted, train_state, batch)
+        _TRAIN_KEYS[id(jitted)] = tuple(shapes)
+    return _TRAIN_KEYS[id(jitted)]
 
 
 def nothing_generated(run: Run) -> rollouts.Fresh:

@@ -389,3 +389,29 @@ def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
         # Run again: the budget is spent, nothing more is generated or logged.
         trainer.train(c, workdir, log=lambda _: None)
     assert metrics_lib.read_metrics(workdir) == records
+
+
+def test_trainer_at_low_mu_runs_on_policy(tmp_path):
+    """replay.mu = 0.5 (y* < 1): every step generates R = 8, every second trains on the
+    B = 16 waiting, each drawn for the first time: trained = generated after each update."""
+    from replax.run import metrics as metrics_lib
+    from replax.run import trainer
+    from replax.tools import experiments
+
+    c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+    low_mu = {**AUTO_MICRO, "replay.mu": 0.5, "replay.drop_zero_advantage": True}
+    for key, value in low_mu.items():
+        experiments.set_value(c, key, value)
+    c.task.data_dir = str(tmp_path / "data")
+    os.makedirs(c.task.data_dir, exist_ok=True)
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        trainer.train(c, str(tmp_path / "run"), log=lambda _: None)
+    records = metrics_lib.read_metrics(str(tmp_path / "run"))
+    assert [r["auto_train"] for r in records] == [0, 1] * 4
+    assert all(r["auto_generate"] == 1 and r["auto_onpolicy"] == 1 for r in records)
+    for r in records:
+        if r["auto_train"]:
+            assert r["train_rollouts"] == r["gen_rollouts"] == 8 * r["step"]
+            assert r["replay_reuse_mean"] == 0.0 and r["replay_age_max"] <= 1
+        else:
+            assert r["loss"] is None and r["train_rollouts"] == 8 * (r["step"] - 1)
