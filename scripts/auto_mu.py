@@ -117,9 +117,7 @@ def main(argv=None) -> int:
         "budget_rollouts": payload["budget_rollouts"],
         "tolerance": same_basis.AUTO_TOLERANCE,
         "cost": "T + mu G at each side's own first reach (rollouts trained, generated)",
-        "final_accuracy": {
-            v: payload["variants"][v]["per_seed"]["final_accuracy"] for v in every
-        },
+        "final_accuracy": {v: payload["variants"][v]["per_seed"]["final_accuracy"] for v in every},
     }
     report_lib.write_json(args["out"], out)
     print(json.dumps(out["mu"], indent=1))

@@ -78,26 +78,10 @@ class AutoReplayController:
     last_max_age: int | None = None
 
     _CONFIG = (
-        "rollouts_per_generation",
-        "batch_size",
-        "capacity",
-        "mu_override",
-        "update_every",
-        "alpha_init",
-        "rho_init",
-        "mu_init",
-        "kept_init",
-        "ema",
-        "alpha_range",
-        "rho_range",
-        "mu_range",
-        "kept_range",
-        "max_period",
-        "min_horizon",
-        "warmup",
-        "design",
-        "min_y",
-    )
+        "rollouts_per_generation", "batch_size", "capacity", "mu_override", "update_every",
+        "alpha_init", "rho_init", "mu_init", "kept_init", "ema", "alpha_range", "rho_range",
+        "mu_range", "kept_range", "max_period", "min_horizon", "warmup", "design", "min_y",
+    )  # fmt: skip
 
     def __init__(
         self,

@@ -14,6 +14,16 @@ from replax.core import categorical
 INSERT_STEP, TIMES_SAMPLED, VALID, SERIAL = range(4)
 
 
+def split(tree, num_pools: int):
+    """Leading axis M -> [num_pools, M / num_pools] on every leaf."""
+    return jax.tree.map(lambda x: x.reshape(num_pools, -1, *x.shape[1:]), tree)
+
+
+def merge(tree):
+    """Leading [P, M] -> P * M on every leaf (shard-major)."""
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
+
+
 def write_shard(slots, head, rows, keep):
     """Writes the kept rows of one shard's chunk at its head, oldest slot first.
 

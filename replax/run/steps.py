@@ -83,10 +83,14 @@ def add_sample_and_train(
     )
     if not trains:  # the same keys as a trained step's record, without values
         keys = _train_metric_keys(run, train_state, batch)
-        return replay_state, train_state, {**dict.fromkeys(keys), "skipped": 0}, (
-            jax.device_get(stats)
+        return (
+            replay_state,
+            train_state,
+            {**dict.fromkeys(keys), "skipped": 0},
+            (jax.device_get(stats)),
         )
-    train_state, step_metrics = run.train_step(train_state, batch)
+    train_step = run.onpolicy_train_step if once else run.train_step
+    train_state, step_metrics = train_step(train_state, batch)
     step_metrics, stats = jax.device_get((step_metrics, stats))
     return replay_state, train_state, step_metrics, stats
 
@@ -117,7 +121,13 @@ def nothing_generated(run: Run) -> rollouts.Fresh:
 
 
 def step_record(
-    run: Run, loop, step_rollouts: StepRollouts, stats, step_metrics, train_s, t_start,
+    run: Run,
+    loop,
+    step_rollouts: StepRollouts,
+    stats,
+    step_metrics,
+    train_s,
+    t_start,
     trained=True,
 ):
     """The metrics of one loop step, after accounting its cost and telling the schedule
