@@ -15,7 +15,8 @@ Writes DIR/compare.json (and the rest compare.py writes) and --out: `{"mu": {"0.
 {"auto": C, "onpolicy": C, "fixed": C, "cheaper", "auto_over_cheaper",
 "within_tolerance", "per_seed"}, ...}, "commit", "command", ...}`, C the median over seeds
 (null when the median seed never reaches the target). --variants=NAME,NAME runs only those
-(e.g. two processes sharing the cores) and writes no --out.
+(e.g. two processes sharing the cores) and writes no --out; --partial=WHY marks the JSON
+as a study cut short (`partial`, `partial_reason`).
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ import compare  # noqa: E402
 from replax.tools import report as report_lib  # noqa: E402
 from replax.tools import same_basis  # noqa: E402
 
-FLAGS = ("workdir", "seeds", "mus", "budget_rollouts", "num_evals", "out", "variants")
+FLAGS = ("workdir", "seeds", "mus", "budget_rollouts", "num_evals", "out", "variants", "partial")
 
 
 def parse(argv: list[str]) -> dict[str, str]:
     """--FLAG=VALUE pairs of FLAGS; ValueError (one line) for anything else."""
     args = {"seeds": "3", "mus": "0.5,1,2,6", "budget_rollouts": "0", "num_evals": "16"}
-    args.update(out="", variants="")
+    args.update(out="", variants="", partial="")
     for item in argv:
         name, sep, value = item.removeprefix("--").partition("=")
         if not item.startswith("--") or not sep or name not in FLAGS:
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
     if unknown:
         print(f"error: --variants: {unknown[0]} is not one of {', '.join(every)}", file=sys.stderr)
         return 2
-    rc = compare.main(compare_argv(args, variants))
+    subset = [] if variants == every else ["--target=1"]  # runs only: no report needed
+    rc = compare.main(compare_argv(args, variants) + subset)
     if rc or variants != every or not args["out"]:
         return rc
     with open(os.path.join(args["workdir"], "compare.json")) as f:
@@ -111,6 +113,9 @@ def main(argv=None) -> int:
     out = {
         "mu": same_basis.auto_mu_table(payload, auto),
         "commit": commit(),
+        # A study cut short (fewer seeds or a smaller budget than planned) says so.
+        "partial": bool(args["partial"]),
+        "partial_reason": args["partial"] or None,
         "command": "python scripts/auto_mu.py " + " ".join(argv),
         "target_accuracy": payload["target_accuracy"],
         "seeds": payload["seeds"],
