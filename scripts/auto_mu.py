@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
         # A study cut short (fewer seeds or a smaller budget than planned) says so.
         "partial": bool(args["partial"]),
         "partial_reason": args["partial"] or None,
-        "command": "python scripts/auto_mu.py " + " ".join(argv),
+        "command": "python scripts/auto_mu.py " + shlex.join(argv),
         "target_accuracy": payload["target_accuracy"],
         "seeds": payload["seeds"],
         "budget_rollouts": payload["budget_rollouts"],
