@@ -167,6 +167,10 @@ def replay(*, capacity: int, strategy: str, drop_zero_advantage: bool) -> ml_col
     # fraction; replax/replay/auto.py derives it) or 'paper' (the paper's J as written,
     # which over-reuses on the embedded task: docs/auto_replay.md).
     r.auto_design = "long_run"
+    # Auto mode never plans y below this. 1: down to on-policy (below B / R every step
+    # generates and some train; at y = 1 each batch is B fresh rollouts, each trained on
+    # once), which the design picks when mu is low; 0: never below B / R.
+    r.auto_min_y = 1.0
     return r
 
 

@@ -162,6 +162,7 @@ class ReplaySection:
     auto_every: int
     auto_max_y: float
     auto_design: str
+    auto_min_y: float
 
     def __post_init__(self):
         positive("replay.capacity", self.capacity)
@@ -174,6 +175,13 @@ class ReplaySection:
         one_of("replay.mode", self.mode, sections.REPLAY_MODES)
         if self.mode == "auto":
             positive("replay.auto_every", self.auto_every)
+            number("replay.auto_min_y", self.auto_min_y, low=0)
+            require(
+                self.auto_min_y == 0 or 1 <= self.auto_min_y <= self.auto_max_y,
+                f"replay.auto_min_y={self.auto_min_y!r}: allowed are 0 (never below B / R, "
+                "generating every step) or 1 <= auto_min_y <= replay.auto_max_y="
+                f"{self.auto_max_y!r} (1: down to on-policy)",
+            )
             one_of("replay.auto_design", self.auto_design, tuple(auto_replay.DESIGNS))
 
     def buffer_kwargs(self) -> dict[str, Any]:

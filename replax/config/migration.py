@@ -56,6 +56,8 @@ ADDED_KEYS = {
     "model.lora_targets": "q,k,v,o,gate,up,down",
     # The warm start drew from the first 20,000 train examples before the key existed.
     "warmstart.num_examples": 20_000,
+    # Auto mode planned y >= B / R only.
+    "replay.auto_min_y": 0.0,
 }
 
 

@@ -1,8 +1,11 @@
 r"""Auto replay: choose the replay ratio y = B / R and the staleness horizon x = N / R online.
 
 With `replay.mode='auto'` the RL loop asks an `AutoReplayController` each step whether to
-generate R fresh rollouts (a generation period k makes y = k B / R with B and R fixed)
-and how old a sampled rollout may be (a max age, the horizon x). The controller
+generate R fresh rollouts, whether to train, and how old a sampled rollout may be (a max
+age, the horizon x). B and R are fixed, so y moves by skipping one or the other: a
+generation period k makes y = k B / R above B / R; below it every step generates and a
+fraction phi of them trains, y = phi B / R, down to y = 1, on-policy: B fresh rollouts
+are gathered and each is trained on once (`replay.auto_min_y`). The controller
 estimates mu (generation / training seconds per rollout, or `replay.mu`), the staleness
 exponent alpha and the correlation rho (from the fresh / stale half-batch gradient
 statistics the train step returns) and the kept fraction f of generated rollouts, and
@@ -69,29 +72,16 @@ class AutoReplayController:
 
     # The train step reports the fresh / stale half-batch statistics this plans from.
     half_batch_stats = True
+    # Below B / R some steps generate without training (replax.replay.schedules).
+    varies_training = True
     # The age limit of the latest `max_age()` call.
     last_max_age: int | None = None
 
     _CONFIG = (
-        "rollouts_per_generation",
-        "batch_size",
-        "capacity",
-        "mu_override",
-        "update_every",
-        "alpha_init",
-        "rho_init",
-        "mu_init",
-        "kept_init",
-        "ema",
-        "alpha_range",
-        "rho_range",
-        "mu_range",
-        "kept_range",
-        "max_period",
-        "min_horizon",
-        "warmup",
-        "design",
-    )
+        "rollouts_per_generation", "batch_size", "capacity", "mu_override", "update_every",
+        "alpha_init", "rho_init", "mu_init", "kept_init", "ema", "alpha_range", "rho_range",
+        "mu_range", "kept_range", "max_period", "min_horizon", "warmup", "design", "min_y",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -114,6 +104,7 @@ class AutoReplayController:
         min_horizon: int = 2,
         warmup: int = 1,
         design: str = "paper",
+        min_y: float | None = None,
     ):
         if min(rollouts_per_generation, batch_size, capacity, update_every, max_period) < 1:
             raise ValueError("rollouts, batch size, capacity, update_every, max_period >= 1")
@@ -123,6 +114,11 @@ class AutoReplayController:
             raise ValueError(f"ema={ema} must lie in [0, 1)")
         if design not in DESIGNS:
             raise ValueError(f"design={design!r}; allowed: {', '.join(DESIGNS)}")
+        highest = max_period * batch_size / rollouts_per_generation
+        if min_y is not None and not 1 <= min_y <= highest:
+            raise ValueError(f"min_y={min_y} must lie in [1, max_period B / R]")
+        # The lowest y to plan: None keeps the floor of generating every step, B / R.
+        self.min_y = min_y
         self.design = design
         self.rollouts_per_generation = rollouts_per_generation
         self.batch_size = batch_size
@@ -167,8 +163,18 @@ class AutoReplayController:
         self.credit = 1.0
         self.last_step: int | None = None
         self.last_generate = True
+        # Below B / R: the training credit (phi a step) and, on-policy, the fresh rollouts
+        # stored and not yet trained on.
+        self.train_credit = 1.0
+        self.train_step: int | None = None
+        self.last_train = True
+        self.waiting = 0
+        self.once_max_age = 0
         self.x_opt = self.y_opt = math.nan
+        self.y = batch_size / rollouts_per_generation
         self.period = 1.0
+        self.train_fraction = 1.0
+        self.once = False
         self.horizon = float(max(min_horizon, 1))
         self._plan()
 
@@ -194,9 +200,38 @@ class AutoReplayController:
         self.last_step, self.last_generate = step, generate
         return generate
 
+    def should_train(self, step: int) -> bool:
+        """Whether `step` takes an optimizer step (asked after `should_generate(step)`;
+        repeated asks agree). On-policy, it trains once B fresh rollouts are waiting."""
+        step = int(step)
+        if step == self.train_step:
+            return self.last_train
+        incoming = self.rollouts_per_generation if self.should_generate(step) else 0
+        if self.once:
+            pending = self.waiting + incoming
+            train = pending >= self.batch_size
+            # The oldest rollout waiting was generated this many steps ago (one a step).
+            self.once_max_age = max(math.ceil(pending / self.rollouts_per_generation) - 1, 0)
+            self.waiting = pending - (self.batch_size if train else 0)
+        else:
+            train = self.train_credit >= 1.0 - 1e-9
+            if train:
+                self.train_credit = max(self.train_credit - 1.0, 0.0)
+            self.train_credit += self.train_fraction
+        self.train_step, self.last_train = step, train
+        return train
+
+    @property
+    def draw_once(self) -> bool:
+        """Whether this step's batch is the waiting fresh rollouts, each drawn once."""
+        return self.once
+
     def max_age(self) -> int:
         """Items older than this many steps are not sampled."""
-        self.last_max_age = max(int(math.ceil(self.horizon - 1e-9)) - 1, 0)
+        if self.once:
+            self.last_max_age = self.once_max_age
+        else:
+            self.last_max_age = max(int(math.ceil(self.horizon - 1e-9)) - 1, 0)
         return self.last_max_age
 
     # ------------------------------------------------------------- observations
@@ -283,10 +318,20 @@ class AutoReplayController:
         x, y = DESIGNS[self.design](self.mu, self.rho, self.alpha, self.kept)
         self.x_opt, self.y_opt = x, y
         r, b = self.rollouts_per_generation, self.batch_size
-        self.period = _clip(y * r / b, 1.0, float(self.max_period))
+        lowest = b / r if self.min_y is None else min(self.min_y, b / r)
+        self.y = _clip(y, lowest, self.max_period * b / r)
+        self.period = _clip(self.y * r / b, 1.0, float(self.max_period))
+        # Below B / R: generate every step and train on a fraction of them; at y = 1 the
+        # batch is B fresh rollouts, each trained on once: on-policy, at on-policy's cost.
+        self.train_fraction = min(self.y * r / b, 1.0)
+        once = self.y <= 1.0 + 1e-9
+        if once and not self.once:
+            self.waiting = 0  # counted from here: what came before was drawn or dropped
+        self.once = once
         # Steps a rollout survives in the ring: kept R enter it per generation.
         longest = self.period * self.capacity / (self.kept * r)
-        shortest = max(self.period + 1, float(self.min_horizon))
+        between = max(self.period, 1.0 / self.train_fraction)  # steps between draws
+        shortest = max(between + 1, float(self.min_horizon))
         self.horizon = _clip(x, min(shortest, longest), longest)
 
     # ---------------------------------------------------------------- reporting
@@ -297,68 +342,43 @@ class AutoReplayController:
             "auto_alpha": self.alpha,
             "auto_rho": self.rho,
             "auto_kept": self.kept,
-            "auto_y": self.period * self.batch_size / self.rollouts_per_generation,
+            "auto_y": self.y,
             "auto_x": self.horizon,
             "auto_y_opt": self.y_opt,
             "auto_x_opt": self.x_opt if math.isfinite(self.x_opt) else None,
             "auto_period": self.period,
             "auto_max_age": self.last_max_age,  # the limit the step just taken used
             "auto_generate": int(self.last_generate),
+            "auto_train": int(self.last_train),
+            "auto_onpolicy": int(self.once),
         }
+
+    # What a checkpoint holds besides _CONFIG and the two windows: the timers, estimates
+    # and credits. A state saved before the kept fraction, or before the training credit
+    # and the on-policy count, lacks _LATER's keys; the defaults (every rollout kept,
+    # every step trains) are what that controller did.
+    _STATE = (
+        "gen_per_rollout", "train_per_rollout", "gen_seen", "train_seen", "alpha", "rho",
+        "reg_uu", "reg_uv", "window_steps", "mixed_steps", "observed", "credit", "last_step",
+        "last_generate",
+    )  # fmt: skip
+    _LATER = (
+        "kept", "window_kept", "window_generated", "train_credit", "train_step",
+        "last_train", "waiting", "once", "once_max_age",
+    )  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state (for checkpoints)."""
-        state = {k: getattr(self, k) for k in self._CONFIG}
+        state = {k: getattr(self, k) for k in (*self._CONFIG, *self._STATE, *self._LATER)}
         for k in ("alpha_range", "rho_range", "mu_range", "kept_range"):
             state[k] = list(state[k])
-        state.update(
-            gen_per_rollout=self.gen_per_rollout,
-            train_per_rollout=self.train_per_rollout,
-            gen_seen=self.gen_seen,
-            train_seen=self.train_seen,
-            alpha=self.alpha,
-            rho=self.rho,
-            kept=self.kept,
-            window_kept=self.window_kept,
-            window_generated=self.window_generated,
-            reg_uu=self.reg_uu,
-            reg_uv=self.reg_uv,
-            window=dict(self.window),
-            window_steps=self.window_steps,
-            mixed=dict(self.mixed),
-            mixed_steps=self.mixed_steps,
-            observed=self.observed,
-            credit=self.credit,
-            last_step=self.last_step,
-            last_generate=self.last_generate,
-        )
-        return state
+        return {**state, "window": dict(self.window), "mixed": dict(self.mixed)}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AutoReplayController:
-        # A state saved before the kept fraction was estimated lacks its keys; the defaults
-        # (every rollout kept) are what that controller planned with.
         controller = cls(**{k: state[k] for k in cls._CONFIG if k in state})
-        for k in (
-            "gen_per_rollout",
-            "train_per_rollout",
-            "gen_seen",
-            "train_seen",
-            "alpha",
-            "rho",
-            "reg_uu",
-            "reg_uv",
-            "window_steps",
-            "mixed_steps",
-            "observed",
-            "credit",
-            "last_step",
-            "last_generate",
-        ):
+        for k in (*cls._STATE, *(k for k in cls._LATER if k in state)):
             setattr(controller, k, state[k])
-        for k in ("kept", "window_kept", "window_generated"):
-            if k in state:
-                setattr(controller, k, state[k])
         controller.window = dict(state["window"])
         controller.mixed = dict(state["mixed"])
         controller._plan()

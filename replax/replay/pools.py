@@ -14,6 +14,16 @@ from replax.core import categorical
 INSERT_STEP, TIMES_SAMPLED, VALID, SERIAL = range(4)
 
 
+def split(tree, num_pools: int):
+    """Leading axis M -> [num_pools, M / num_pools] on every leaf."""
+    return jax.tree.map(lambda x: x.reshape(num_pools, -1, *x.shape[1:]), tree)
+
+
+def merge(tree):
+    """Leading [P, M] -> P * M on every leaf (shard-major)."""
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
+
+
 def write_shard(slots, head, rows, keep):
     """Writes the kept rows of one shard's chunk at its head, oldest slot first.
 
@@ -43,10 +53,14 @@ def positive_bias_eligible(keep_size: int, delta: float, valid, serial, correct)
     return jnp.zeros_like(valid).at[order].set(fresh | kept_correct)
 
 
-def draw_from_pool(key, log_weight, eligible, valid, *, batch_size: int, replace: bool):
+def draw_from_pool(
+    key, log_weight, eligible, valid, *, batch_size: int, replace: bool, without=None
+):
     """Draws batch_size slots of one pool.
 
     log_weight: float32[n] unnormalised log-probability; eligible, valid: bool[n].
+    without: optional bool[] (may be traced) that draws without replacement on this call
+    even when `replace` is set, so a controller can switch per step without recompiling.
     Returns local indices int32[b], their log-probabilities float32[b], the pool's number
     of drawable slots and the smallest drawable log-probability.
     """
@@ -57,13 +71,18 @@ def draw_from_pool(key, log_weight, eligible, valid, *, batch_size: int, replace
     key_draw, key_order = jax.random.split(key)
     uniform = jax.random.uniform(key_draw, (2, batch_size))
     indices = categorical.inverse_cdf(jnp.exp(log_probs), uniform[0], inner_uniform=uniform[1])
-    if not replace:
+    if not replace or without is not None:
         # Gumbel-top-k samples without replacement. With fewer drawable slots than the
         # batch, every drawable slot is taken once (in random order) and the remaining rows
         # are the draws with replacement.
         perturbed = logits + jax.random.gumbel(key_order, logits.shape)
-        _, order = jax.lax.top_k(perturbed, batch_size)
-        indices = jnp.where(jnp.arange(batch_size) < num_drawable, order, indices)
+        taken = min(batch_size, logits.shape[0])  # a traced `without` may ask for more
+        _, order = jax.lax.top_k(perturbed, taken)
+        order = jnp.concatenate([order, indices[taken:].astype(order.dtype)])
+        taken_once = jnp.arange(batch_size) < num_drawable
+        if replace:
+            taken_once &= jnp.asarray(without, bool)
+        indices = jnp.where(taken_once, order, indices)
     indices = indices.astype(jnp.int32)
     min_log_prob = jnp.min(jnp.where(drawable, log_probs, jnp.inf))
     return indices, log_probs[indices], num_drawable, min_log_prob

@@ -44,6 +44,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from replax.replay import pools as replay_pool
+from replax.replay.pools import merge as _merge_pools
+from replax.replay.pools import split as _split_pools
 
 STRATEGIES = ("uniform", "uniform_no_replacement", "recency", "positive_bias", "priority")
 SAMPLE_MODES = ("local", "global")
@@ -107,16 +109,6 @@ def _shape_dtype(leaf) -> jax.ShapeDtypeStruct:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf
     return jax.ShapeDtypeStruct(np.shape(leaf), jnp.result_type(leaf))
-
-
-def _split(tree, num_pools: int):
-    """Leading axis M -> [num_pools, M / num_pools] on every leaf."""
-    return jax.tree.map(lambda x: x.reshape(num_pools, -1, *x.shape[1:]), tree)
-
-
-def _merge(tree):
-    """Leading [P, M] -> P * M on every leaf (shard-major)."""
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,12 +178,12 @@ class ReplayBuffer:
         meta = jnp.stack([columns[c] for c in range(4)], axis=1)  # [R, 4]
         keep = jnp.ones(num_rows, bool) if keep is None else jnp.asarray(keep, bool)
         slots, head, num_kept = jax.vmap(replay_pool.write_shard)(
-            _split((state.items, state.meta), S),
+            _split_pools((state.items, state.meta), S),
             state.head,
-            _split((items, meta), S),
+            _split_pools((items, meta), S),
             keep.reshape(S, -1),
         )
-        items, meta = _merge(slots)
+        items, meta = _merge_pools(slots)
         count = jnp.minimum(state.count + num_kept, self.shard_capacity)
         return ReplayState(
             items=items,
@@ -200,12 +192,14 @@ class ReplayBuffer:
             num_offered=state.num_offered + num_rows,
         )
 
-    def sample(self, state: ReplayState, rng, batch_size: int, step, max_age=None):
+    def sample(self, state: ReplayState, rng, batch_size: int, step, max_age=None, once=None):
         """Draws batch_size items (static). Returns (state with times_sampled updated,
         batch pytree with leaves [B, ...] shard-major in local mode, SampleInfo).
 
         max_age: optional int (may be traced) that replaces the static `max_age` for this
-        draw, so a controller can move the staleness limit without recompiling."""
+        draw, so a controller can move the staleness limit without recompiling. once:
+        optional bool[] (may be traced); when true only never-drawn items are eligible,
+        drawn without replacement (auto mode's on-policy steps: each trained on once)."""
         num_pools = self.num_shards if self.sample_mode == "local" else 1
         pool_size = self.capacity // num_pools
         if batch_size % num_pools:
@@ -229,13 +223,15 @@ class ReplayBuffer:
             pool_eligible = functools.partial(
                 replay_pool.positive_bias_eligible, keep_size, self.delta
             )
-            pooled = _split((state.valid, state.serial, correct), num_pools)
-            eligible = _merge(jax.vmap(pool_eligible)(*pooled))
+            pooled = _split_pools((state.valid, state.serial, correct), num_pools)
+            eligible = _merge_pools(jax.vmap(pool_eligible)(*pooled))
         max_age = self.max_age if max_age is None else max_age
         if max_age is not None:
             eligible &= age <= max_age
         if self.max_reuse is not None:
             eligible &= state.times_sampled < self.max_reuse
+        if once is not None:
+            eligible &= ~jnp.asarray(once, bool) | (state.times_sampled == 0)
         log_weight = jnp.zeros(self.capacity, jnp.float32)
         if self.strategy == "recency":
             log_weight = -age.astype(jnp.float32) / self.recency_tau
@@ -245,7 +241,7 @@ class ReplayBuffer:
 
         # Draw B / P per pool, gather and count the draws within each pool.
         keys = jax.random.split(rng, num_pools)
-        every_written_slot = self.strategy == "uniform" and max_age is None
+        every_written_slot = self.strategy == "uniform" and max_age is None and once is None
         if every_written_slot and self.max_reuse is None and num_pools == self.num_shards:
             # Each pool is a shard whose written slots all are drawable: no [N]-sized work.
             written = functools.partial(
@@ -258,18 +254,19 @@ class ReplayBuffer:
                 replay_pool.draw_from_pool,
                 batch_size=per_pool,
                 replace=self.strategy != "uniform_no_replacement",
+                without=once,
             )
-            pooled = _split((log_weight, eligible, state.valid), num_pools)
+            pooled = _split_pools((log_weight, eligible, state.valid), num_pools)
             local_index, log_prob, num_drawable, min_log_prob = jax.vmap(draw)(keys, *pooled)
             probs = jnp.exp(log_prob)
         gather = lambda tree, index: jax.tree.map(lambda x: x[index], tree)
         batch, drawn_meta = jax.vmap(gather)(
-            _split((state.items, state.meta), num_pools), local_index
+            _split_pools((state.items, state.meta), num_pools), local_index
         )
         meta = jax.vmap(replay_pool.count_draws)(
-            _split(state.meta, num_pools), local_index, drawn_meta[..., TIMES_SAMPLED]
+            _split_pools(state.meta, num_pools), local_index, drawn_meta[..., TIMES_SAMPLED]
         )
-        batch, drawn_meta = _merge((batch, drawn_meta))
+        batch, drawn_meta = _merge_pools((batch, drawn_meta))
 
         # Priority: w = (m p)^-beta with m the drawable items of the pool, normalised by
         # the largest weight any drawable item of the buffer could get.
@@ -288,7 +285,7 @@ class ReplayBuffer:
             age=step - drawn_meta[:, INSERT_STEP],
             times_sampled=drawn_meta[:, TIMES_SAMPLED],
         )
-        return state.replace(meta=_merge(meta)), batch, info
+        return state.replace(meta=_merge_pools(meta)), batch, info
 
     def state_sharding(self, state: ReplayState, mesh, data_axes="data") -> ReplayState:
         """NamedShardings for `state` (or its eval_shape): the item axis over `data_axes`,

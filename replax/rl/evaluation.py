@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from replax.core import processes, sharding
@@ -197,3 +198,13 @@ class Evaluator:
         local = score(self.task, self.tokenizer, tokens, answers[mine], prompts[mine])[0]
         rewards = processes.to_host(processes.global_batch(local, rows, len(answers)))
         return rewards, tokens, mine.start
+
+
+def rollout_entropy(completion):
+    """float32[]: the mean per-token entropy of the sampling distribution over R fresh
+    completions (mask bool[R, T], logprobs float32[R, T]), estimated as the held-out
+    `entropy` is (above): minus the mean behaviour log-prob of the sampled
+    completion tokens, all R rows' tokens weighing alike. 0 with no completion tokens."""
+    mask = completion["mask"]
+    total = jnp.sum(jnp.where(mask, completion["logprobs"], 0.0))
+    return -total / jnp.maximum(jnp.sum(mask), 1)

@@ -153,6 +153,10 @@ class LossConfig:
         """The covariance option that is on (a COVARIANCE_OPTIONS name), or None."""
         return next((k for k in COVARIANCE_OPTIONS if getattr(self, k)), None)
 
+    def without_covariance(self) -> "LossConfig":
+        """This loss with every covariance option off (the on-policy objective)."""
+        return dataclasses.replace(self, **dict.fromkeys(COVARIANCE_OPTIONS, 0.0))
+
 
 def _ppo_clip(ratio, advantage, config: LossConfig):
     """PPO-clip per token: ratio [L], advantage [] -> (loss [L], clipped low, clipped high)."""

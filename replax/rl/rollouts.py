@@ -320,16 +320,6 @@ def make_rollouts(
     }
 
 
-def rollout_entropy(completion):
-    """float32[]: the mean per-token entropy of the sampling distribution over R fresh
-    completions (mask bool[R, T], logprobs float32[R, T]), estimated as the held-out
-    `entropy` is (replax.rl.evaluation): minus the mean behaviour log-prob of the sampled
-    completion tokens, all R rows' tokens weighing alike. 0 with no completion tokens."""
-    mask = completion["mask"]
-    total = jnp.sum(jnp.where(mask, completion["logprobs"], 0.0))
-    return -total / jnp.maximum(jnp.sum(mask), 1)
-
-
 def make_add_and_sample(
     buffer: replay_lib.ReplayBuffer,
     *,
@@ -349,6 +339,9 @@ def make_add_and_sample(
     placeholders of the same shapes). max_age (int32[]): items older than this many steps
     are not drawn. version (int32[]; None: step): the train step of the policy that
     generated the fresh rollouts, stored as their step (their age counts from it).
+    once (bool[]; None: false): auto mode's on-policy step: every fresh rollout stored,
+    only never-drawn ones drawn, once each. train (bool[]; None: true): whether the batch
+    is trained on (when not, the draw is not counted).
     """
 
     def add_and_sample(
@@ -362,6 +355,8 @@ def make_add_and_sample(
         generated,
         max_age,
         version=None,
+        once=None,
+        train=None,
     ):
         # FRESH ROLLOUTS, advantages frozen at generation.
         items = make_rollouts(
@@ -376,14 +371,18 @@ def make_add_and_sample(
         keep = jnp.broadcast_to(generated, rewards.shape)
         if drop_zero_advantage:
             spread = jnp.ptp(rewards.reshape(-1, group_size), axis=1) > 0
-            keep = keep & jnp.repeat(spread, group_size)
+            keep = keep & (jnp.repeat(spread, group_size) | (False if once is None else once))
         # ADD, THEN SAMPLE THE TRAINING BATCH.
         replay_state = buffer.add(
             replay_state, items, step if version is None else version, keep=keep
         )
+        added = replay_state
         replay_state, sampled, info = buffer.sample(
-            replay_state, rng, batch_size, step, max_age=max_age
+            replay_state, rng, batch_size, step, max_age=max_age, once=once
         )
+        if train is not None:  # a batch not trained on leaves no draws counted
+            kept_meta = jnp.where(train, replay_state.meta, added.meta)
+            replay_state = replay_state.replace(meta=kept_meta)
         batch = {
             **sampled,
             "importance_weights": info.importance_weights,
@@ -393,7 +392,7 @@ def make_add_and_sample(
         stats = {
             "replay_size": jnp.sum(replay_state.count),
             "rollouts_kept": jnp.sum(keep),
-            "rollout_entropy": rollout_entropy(completion),
+            "rollout_entropy": evaluation.rollout_entropy(completion),
         }
         return replay_state, batch, stats
 

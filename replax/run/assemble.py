@@ -56,10 +56,10 @@ class Run:
     optimizer: Any
     schedule: schedules.Schedule
     train_step: Any
+    onpolicy_train_step: Any  # auto mode's on-policy steps (train_step otherwise)
     add_and_sample: Any
     replay_shardings: Any
-    # task.long_prompts='skip': the records each split leaves out, and its size before
-    # (replax.config.build.Built).
+    # task.long_prompts='skip': each split's records left out, its size before (cfg.Built).
     skipped_prompts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     split_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
@@ -109,8 +109,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     # Disjoint placement: the sampler takes devices of its own, the trainer the rest.
     sampler_devices = placement.sampler_device_count(spec, len(devices))
     train_devices, rollout_devices = placement.split_devices(sampler_devices, devices)
-    if not sampler_devices:
-        rollout_devices = train_devices
+    rollout_devices = rollout_devices if sampler_devices else train_devices
     mesh = sharding.make_mesh(spec.mesh.shape, devices=train_devices)
     mcfg, tokenizer = built.model_config, built.tokenizer
     model = model_lib.Transformer(mcfg)
@@ -118,8 +117,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     buffer = replay_lib.make_replay_buffer(
         num_shards=sharding.data_parallel_size(mesh, rules), **spec.replay.buffer_kwargs()
     )
-    optimizer = train_step_lib.make_optimizer(spec.optimizer_config())
-    seq_len = spec.seq_len
+    optimizer, seq_len = train_step_lib.make_optimizer(spec.optimizer_config()), spec.seq_len
 
     # The replay store, sharded over the data axes like the batch.
     item = rollouts.rollout_spec(seq_len)
@@ -133,10 +131,10 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     state_shardings = train_step_lib.train_state_shardings(
         model, optimizer, mesh, rules, with_reference=spec.loss.kl_coef > 0
     )
-    train_step = train_step_lib.make_train_step(
+    make_step = lambda loss: train_step_lib.make_train_step(
         model,
         optimizer,
-        spec.loss.config(),
+        loss,
         mesh,
         rules,
         state_shardings,
@@ -146,6 +144,10 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         vocab_size=tokenizer.sample_limit,
         **spec.train_step_kwargs(),
     )
+    train_step = onpolicy_train_step = make_step(spec.loss.config())
+    if schedule.varies_training and spec.loss.config().covariance_option:
+        # Auto mode's on-policy steps train as on-policy does (compiled on first use).
+        onpolicy_train_step = make_step(spec.loss.config().without_covariance())
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
             buffer,
@@ -189,6 +191,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         optimizer=optimizer,
         schedule=schedule,
         train_step=train_step,
+        onpolicy_train_step=onpolicy_train_step,
         add_and_sample=add_and_sample,
         replay_shardings=replay_shardings,
         skipped_prompts=built.skipped_prompts,

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replax.core import processes
+from replax.core import processes, sharding
 from replax.model import flops as flops_lib
 from replax.rl import rollouts
 from replax.run import metrics as metrics_lib
@@ -49,11 +49,24 @@ def fresh_rollouts(
 
 
 def add_sample_and_train(
-    run: Run, replay_state, train_state, fresh: StepRollouts, step, key, max_age
+    run: Run,
+    replay_state,
+    train_state,
+    fresh: StepRollouts,
+    step,
+    key,
+    max_age,
+    trains=True,
+    once=None,
 ):
-    """ADD the fresh rollouts, SAMPLE a batch, STEP the optimizer, on the devices.
+    """ADD the fresh rollouts, SAMPLE a batch, STEP the optimizer, on the devices (no
+    step when `trains` is false: the train step's metrics are then None). once: None
+    (fixed mode), or whether the batch is fresh rollouts drawn once each (auto mode).
     Returns (replay_state, train_state, step_metrics, stats) on the host."""
     made = fresh.rollouts
+    varies = {}
+    if once is not None:  # auto mode: the same program whether it trains or draws once
+        varies = dict(once=jnp.bool_(once), train=jnp.bool_(trains))
     replay_state, batch, stats = run.add_and_sample(
         replay_state,
         made.prompt_ids,
@@ -66,10 +79,33 @@ def add_sample_and_train(
         jnp.int32(max_age),
         # Disjoint: the generating policy's step, so that ages count from it.
         jnp.int32(fresh.version if fresh.generated else step) if fresh.disjoint else None,
+        **varies,
     )
-    train_state, step_metrics = run.train_step(train_state, batch)
+    if not trains:  # the same keys as a trained step's record, without values
+        keys = _train_metric_keys(run, train_state, batch)
+        return (
+            replay_state,
+            train_state,
+            {**dict.fromkeys(keys), "skipped": 0},
+            (jax.device_get(stats)),
+        )
+    train_step = run.onpolicy_train_step if once else run.train_step
+    train_state, step_metrics = train_step(train_state, batch)
     step_metrics, stats = jax.device_get((step_metrics, stats))
     return replay_state, train_state, step_metrics, stats
+
+
+# The train step's metric names, per compiled train step (traced once, not per step).
+_TRAIN_KEYS: dict[int, tuple[str, ...]] = {}
+
+
+def _train_metric_keys(run: Run, train_state, batch) -> tuple[str, ...]:
+    jitted = run.train_step.jitted
+    if id(jitted) not in _TRAIN_KEYS:
+        with sharding.activation_rules(run.mesh, run.rules):
+            _, shapes = jax.eval_shape(jitted, train_state, batch)
+        _TRAIN_KEYS[id(jitted)] = tuple(shapes)
+    return _TRAIN_KEYS[id(jitted)]
 
 
 def nothing_generated(run: Run) -> rollouts.Fresh:
@@ -84,21 +120,44 @@ def nothing_generated(run: Run) -> rollouts.Fresh:
     )
 
 
-def step_record(run: Run, loop, step_rollouts: StepRollouts, stats, step_metrics, train_s, t_start):
+def step_record(
+    run: Run,
+    loop,
+    step_rollouts: StepRollouts,
+    stats,
+    step_metrics,
+    train_s,
+    t_start,
+    trained=True,
+):
     """The metrics of one loop step, after accounting its cost and telling the schedule
     what it took; seconds are process 0's on every process (auto replay plans by them)."""
     account, schedule = loop.account, loop.schedule
     fresh, generated = step_rollouts.rollouts, step_rollouts.generated
     seconds = processes.from_process_zero(np.array([step_rollouts.gen_s, train_s]))
     gen_s, train_s = (float(t) for t in seconds)
-    passes = flops_lib.TrainPasses(
-        forward=float(step_metrics["forward_passes"]),
-        backward=float(step_metrics["backward_passes"]),
+    passes = None
+    if trained:  # a step that did not train logs its train metrics as null
+        passes = flops_lib.TrainPasses(
+            forward=float(step_metrics["forward_passes"]),
+            backward=float(step_metrics["backward_passes"]),
+        )
+    account_step(
+        account,
+        run,
+        fresh.lengths,
+        gen_s,
+        train_s,
+        fresh.decoded_row_steps,
+        passes,
+        trained=trained,
     )
-    account_step(account, run, fresh.lengths, gen_s, train_s, fresh.decoded_row_steps, passes)
     kept = int(stats["rollouts_kept"]) if generated else None
     schedule.observe(
-        gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
+        gen_s=gen_s if generated else None,
+        train_s=train_s if trained else None,
+        stats=step_metrics if trained else None,
+        kept=kept,
     )
     return {
         "wall_s": time.time() - t_start,
@@ -156,12 +215,13 @@ def account_step(
     train_s,
     decoded_row_steps: int | None = None,
     passes: flops_lib.TrainPasses | None = None,
+    trained: bool = True,
 ) -> None:
     """Adds one step's generation (lengths int[R] of the completions, or None when the
     step generated nothing; decoded_row_steps: the row-steps the sampler decoded, None:
-    R x the longest, as the static sampler does) and training to the compute account;
-    passes: what the train step ran (its `forward_passes` and `backward_passes` metrics;
-    None: one forward and one backward)."""
+    R x the longest, as the static sampler does) and training (none when not `trained`)
+    to the compute account; passes: what the train step ran (its `forward_passes` and
+    `backward_passes` metrics; None: one forward and one backward)."""
     passes = passes or flops_lib.TrainPasses()
     c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
     if lengths is not None:
@@ -171,9 +231,10 @@ def account_step(
             run.model_config, r, c.rollout.max_prompt_len, 0, run.seq_len
         ) + decoded * flops_lib.forward_flops_per_token(run.model_config, run.seq_len)
         account.gen_rollouts += r
-    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len, passes)
-    account.train_cost += b * passes.relative_cost
     account.gen_s += gen_s
-    account.train_s += train_s
-    account.train_rollouts += b
     account.steps += 1
+    if trained:
+        account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len, passes)
+        account.train_cost += b * passes.relative_cost
+        account.train_s += train_s
+        account.train_rollouts += b

@@ -197,21 +197,34 @@ def run_loop(
         if step == c.total_steps - 1:
             bar.doing(step, "last step")
         gen_key, sample_key, eval_key = step_keys(base_key, step)
-        generated, max_age = schedule.should_generate(step), schedule.max_age()
-        # Skipped steps did not advance the optimizer's count of updates.
-        learning_rate = learning_rates[step - loop.skipped_steps]
+        generated, trains = schedule.should_generate(step), schedule.should_train(step)
+        max_age = schedule.max_age()
+        # Skipped steps, and steps that did not train, did not advance the optimizer's
+        # count of updates.
+        updates = account.train_rollouts // c.train.batch_size - loop.skipped_steps
+        learning_rate = learning_rates[updates]
         fresh = steps.fresh_rollouts(
             run, disjoint, step, train_state.params, prompt_iter, gen_key, generated, idle
         )
         t1 = time.time()
         replay_state, train_state, step_metrics, stats = steps.add_sample_and_train(
-            run, replay_state, train_state, fresh, step, sample_key, max_age
+            run,
+            replay_state,
+            train_state,
+            fresh,
+            step,
+            sample_key,
+            max_age,
+            trains,
+            schedule.draw_once if schedule.varies_training else None,
         )
         train_s = time.time() - t1
         loop.skipped_steps += int(step_metrics.pop("skipped"))
         loop.reward_errors += int(fresh.rollouts.reward_errors or 0)
         # ACCOUNTING AND METRICS
-        record = steps.step_record(run, loop, fresh, stats, step_metrics, train_s, t_start)
+        record = steps.step_record(
+            run, loop, fresh, stats, step_metrics, train_s, t_start, trained=trains
+        )
         # The float32 rate as its shortest decimal (1e-4, not 9.99999974e-05).
         record["learning_rate"] = float(str(learning_rate))
         if disjoint is not None:

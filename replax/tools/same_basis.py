@@ -265,3 +265,51 @@ def versus_lines(name: str, reference: str, versus: dict[str, Any], mu: float) -
             f"ratio): {earlier}."
         )
     return lines
+
+
+# ------------------------------------------------------------ cost over mu (auto_mu.json)
+
+# The cost of auto mode against the cheaper design may exceed it by this factor at most.
+AUTO_TOLERANCE = 1.05
+
+
+def seed_costs(variant: dict[str, Any], mu: float) -> list[float | None]:
+    """Each seed's same-basis cost T + mu G to the target of a compare.json variant (its
+    per-seed rollouts trained and generated at its first reach); None: never reached."""
+    per_seed = variant["per_seed"]
+    pairs = zip(per_seed["train_rollouts_to_target"], per_seed["gen_rollouts_to_target"])
+    return [None if t is None or g is None else float(t) + mu * float(g) for t, g in pairs]
+
+
+def auto_mu_table(
+    payload: dict[str, Any],
+    auto: dict[float, str],
+    onpolicy: str = "onpolicy",
+    fixed: str = "replay",
+) -> dict[str, Any]:
+    """auto_mu.json's `mu` from a compare.json payload: at each mu (auto: mu -> the variant
+    of auto mode planning for it), the median over seeds of the same-basis cost of auto,
+    on-policy and the fixed design (None when the median seed never reaches the target),
+    the cheaper of the last two, auto's cost over it and whether that is within
+    AUTO_TOLERANCE, and each seed's costs. On-policy's and the fixed design's runs do not
+    depend on mu: their costs at every mu come from the same runs."""
+    variants = payload["variants"]
+    table = {}
+    for mu, name in sorted(auto.items()):
+        per_seed = {
+            side: seed_costs(variants[variant], mu)
+            for side, variant in (("auto", name), ("onpolicy", onpolicy), ("fixed", fixed))
+            if variant in variants
+        }
+        costs = {side: analysis.median(values) for side, values in per_seed.items()}
+        reached = [s for s in ("onpolicy", "fixed") if costs.get(s) is not None]
+        cheaper = min(reached, key=lambda s: costs[s]) if reached else None
+        over = analysis.ratio(costs.get("auto"), costs[cheaper]) if cheaper else None
+        table[f"{mu:g}"] = {
+            **{side: costs.get(side) for side in ("auto", "onpolicy", "fixed")},
+            "cheaper": cheaper,
+            "auto_over_cheaper": over,
+            "within_tolerance": None if over is None else over <= AUTO_TOLERANCE,
+            "per_seed": per_seed,
+        }
+    return table

@@ -125,6 +125,9 @@ BAD_SETTINGS = [
     # B / R = 2 here: auto mode cannot plan a replay ratio below that.
     ({"replay.mode": "auto", "replay.auto_max_y": 1.0}, "replay.auto_max_y"),
     ({"replay.mode": "auto", "replay.auto_design": "magic"}, "replay.auto_design"),
+    # Below 1 a rollout would be trained on less than once; above auto_max_y, no y is left.
+    ({"replay.mode": "auto", "replay.auto_min_y": 0.5}, "replay.auto_min_y"),
+    ({"replay.mode": "auto", "replay.auto_min_y": 9.0}, "replay.auto_min_y"),
     ({"replay.mode": "auto", "train.batch_size": 15}, "even"),
     ({"replay.mode": "sometimes"}, "replay.mode"),
     # Ranges that make training impossible or meaningless.

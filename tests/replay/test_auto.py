@@ -5,6 +5,8 @@ import json
 import math
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from micro_run import MICRO_OVERRIDES
@@ -177,6 +179,105 @@ def test_generation_credit_realises_the_period_and_the_horizon_bounds():
     assert controller.period == 1.0 and controller.horizon == 2.0 and controller.max_age() == 1
 
 
+def at_mu(mu, min_y=1.0, rollouts=16, batch=64):
+    """A long-run controller planning for mu with rho 0.01, alpha < 0 and kept 0.65 (the
+    embedded task's estimates), B / R = 4, y at most 8."""
+    controller = AutoReplayController(
+        rollouts_per_generation=rollouts,
+        batch_size=batch,
+        capacity=4096,
+        mu_override=mu,
+        design="long_run",
+        max_period=2,
+        min_y=min_y,
+    )
+    controller.alpha, controller.rho, controller.kept = -0.3, 0.01, 0.65
+    controller._plan()
+    return controller
+
+
+def decisions(controller, steps):
+    """(generate, train, max_age) of each step, asked in the loop's order."""
+    out = []
+    for step in range(steps):
+        generate, train = controller.should_generate(step), controller.should_train(step)
+        out.append((generate, train, controller.max_age()))
+    return out
+
+
+def test_low_mu_plans_on_policy_and_high_mu_replays():
+    # y* = sqrt(mu / (1 / 0.65 + 0.01)) < 1 at mu <= 1: on-policy, y = 1. Every step
+    # generates R = 16 and every fourth trains on the B = 64 waiting, 0-3 steps old.
+    for mu in (0.5, 1.0):
+        controller = at_mu(mu)
+        assert controller.draw_once and controller.metrics()["auto_y"] == 1.0
+        assert decisions(controller, 8) == [(True, s % 4 == 3, 3 if s % 4 == 3 else s % 4)
+                                            for s in range(8)]  # fmt: skip
+        assert controller.metrics()["auto_onpolicy"] == 1
+    # mu = 6: y* = 1.97, between 1 and B / R: every step generates, about half train.
+    controller = at_mu(6.0)
+    y = math.sqrt(6.0 / (1 / 0.65 + 0.01))
+    assert not controller.draw_once and controller.metrics()["auto_y"] == pytest.approx(y)
+    made = decisions(controller, 400)
+    assert all(g for g, _, _ in made)
+    assert sum(t for _, t, _ in made) == pytest.approx(400 * y * 16 / 64, abs=1)
+    # mu = 40: y* = 5.08 above B / R = 4: every step trains, one in 1.27 generates.
+    made = decisions(at_mu(40.0), 400)
+    assert all(t for _, t, _ in made)
+    assert sum(g for g, _, _ in made) == pytest.approx(400 / (math.sqrt(40 / 1.5485) / 4), abs=1)
+    # Without the floor of 1 (replay.auto_min_y = 0), y stays at B / R = 4 at low mu.
+    controller = at_mu(0.5, min_y=None)
+    assert controller.metrics()["auto_y"] == 4.0 and not controller.draw_once
+    assert all(g and t for g, t, _ in decisions(controller, 8))
+    with pytest.raises(ValueError, match="min_y"):
+        at_mu(0.5, min_y=0.5)
+
+
+def test_the_on_policy_path_trains_each_rollout_once_zero_advantage_groups_included():
+    """At low mu, the controller and the compiled add-and-sample together: every rollout
+    generated (groups of equal rewards too) is in exactly one trained batch."""
+    from replax.replay.store import make_replay_buffer
+
+    r, g, b, prompt_len, new_tokens = 4, 2, 8, 2, 2
+    controller = at_mu(0.5, rollouts=r, batch=b)
+    buffer = make_replay_buffer(capacity=64, strategy="positive_bias")
+    add_and_sample = jax.jit(
+        rollouts.make_add_and_sample(
+            buffer, group_size=g, batch_size=b, normalize_std=True, drop_zero_advantage=True
+        )
+    )
+    state = buffer.init(rollouts.rollout_spec(prompt_len + new_tokens))
+    completion = {
+        "tokens": jnp.ones((r, new_tokens), jnp.int32),
+        "mask": jnp.ones((r, new_tokens), bool),
+        "logprobs": jnp.zeros((r, new_tokens), jnp.float32),
+    }
+    trained = []
+    for step in range(12):
+        generate, train = controller.should_generate(step), controller.should_train(step)
+        assert generate and train == (step % 2 == 1)
+        ids = 100 + r * step + jnp.arange(r, dtype=jnp.int32)  # rollout ids, in the prompt
+        rewards = jnp.array([1.0, 1.0, 0.0, 1.0])  # the first group has zero advantage
+        state, batch, _ = add_and_sample(
+            state,
+            jnp.stack([ids, ids], axis=1),
+            jnp.ones((r, prompt_len), bool),
+            completion,
+            rewards,
+            jnp.int32(step),
+            jax.random.key(step),
+            jnp.bool_(True),
+            jnp.int32(controller.max_age()),
+            once=jnp.bool_(controller.draw_once),
+            train=jnp.bool_(train),
+        )
+        if train:
+            trained += np.asarray(batch["tokens"][:, 0]).tolist()
+            assert (np.asarray(batch["times_sampled"]) == 0).all()
+    assert sorted(trained) == list(range(100, 100 + 12 * r))
+    assert int(state.times_sampled.sum()) == 12 * r  # no draw counted twice, none uncounted
+
+
 def test_state_round_trip_through_json():
     controller = planned(mu=None, gen_s=0.5, train_s=0.2, steps=37)
     for step in range(5):
@@ -288,3 +389,29 @@ def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
         # Run again: the budget is spent, nothing more is generated or logged.
         trainer.train(c, workdir, log=lambda _: None)
     assert metrics_lib.read_metrics(workdir) == records
+
+
+def test_trainer_at_low_mu_runs_on_policy(tmp_path):
+    """replay.mu = 0.5 (y* < 1): every step generates R = 8, every second trains on the
+    B = 16 waiting, each drawn for the first time: trained = generated after each update."""
+    from replax.run import metrics as metrics_lib
+    from replax.run import trainer
+    from replax.tools import experiments
+
+    c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+    low_mu = {**AUTO_MICRO, "replay.mu": 0.5, "replay.drop_zero_advantage": True}
+    for key, value in low_mu.items():
+        experiments.set_value(c, key, value)
+    c.task.data_dir = str(tmp_path / "data")
+    os.makedirs(c.task.data_dir, exist_ok=True)
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        trainer.train(c, str(tmp_path / "run"), log=lambda _: None)
+    records = metrics_lib.read_metrics(str(tmp_path / "run"))
+    assert [r["auto_train"] for r in records] == [0, 1] * 4
+    assert all(r["auto_generate"] == 1 and r["auto_onpolicy"] == 1 for r in records)
+    for r in records:
+        if r["auto_train"]:
+            assert r["train_rollouts"] == r["gen_rollouts"] == 8 * r["step"]
+            assert r["replay_reuse_mean"] == 0.0 and r["replay_age_max"] <= 1
+        else:
+            assert r["loss"] is None and r["train_rollouts"] == 8 * (r["step"] - 1)

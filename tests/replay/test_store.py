@@ -241,6 +241,21 @@ def test_max_reuse_makes_used_items_ineligible():
     assert int(state.times_sampled.sum()) == 6
 
 
+def test_traced_once_draws_never_drawn_items_each_once_and_off_draws_with_replacement():
+    buffer = make_replay_buffer(capacity=16, strategy="positive_bias")
+    state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items(range(1, 9)), 0)
+    sample = jax.jit(buffer.sample, static_argnums=2)
+    state, _, first = sample(state, jax.random.key(0), 4, 0, None, jnp.bool_(True))
+    assert len(set(np.asarray(first.indices))) == 4 and (np.asarray(first.times_sampled) == 0).all()
+    state, _, second = sample(state, jax.random.key(1), 4, 0, None, jnp.bool_(True))
+    # The other four: every item drawn once over the two batches, none twice.
+    assert sorted([*np.asarray(first.indices), *np.asarray(second.indices)]) == list(range(8))
+    np.testing.assert_array_equal(state.times_sampled[:8], np.ones(8))
+    # Off (same program): draws with replacement over every item, drawn before or not.
+    _, _, off = sample(state, jax.random.key(2), 64, 0, None, jnp.bool_(False))
+    assert len(set(np.asarray(off.indices))) < 64 and (np.asarray(off.times_sampled) == 1).all()
+
+
 def test_times_sampled_counts_repeated_draws():
     buffer = make_replay_buffer(capacity=2)
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2]), 0)

@@ -475,3 +475,14 @@ def test_covariance_options_validate_themselves():
         LossConfig(clip_cov_ratio=1.5)
     with pytest.raises(ValueError, match="kl_cov_coef=-1.0 must be >= 0"):
         LossConfig(kl_cov_frac=0.01, kl_cov_coef=-1.0)
+
+
+def test_without_covariance_turns_every_covariance_option_off_and_nothing_else():
+    for option in ("cov_cut_frac", "clip_cov_ratio", "kl_cov_frac"):
+        config = LossConfig(**{option: 0.2}, epsilon_low=0.1)
+        plain = config.without_covariance()
+        assert config.covariance_option == option and plain.covariance_option is None
+        assert plain == LossConfig(epsilon_low=0.1)
+        logprobs = jnp.log(jnp.full((2, 3), 0.5))
+        assert float(covariance_selection(logprobs, jnp.array([1.0, -1.0]), jnp.ones((2, 3)),
+                                          plain).sum()) == 0.0  # fmt: skip

@@ -8,7 +8,7 @@ import numpy as np
 from micro_run import MICRO_OVERRIDES
 
 from replax.replay import store as replay
-from replax.rl import rollouts
+from replax.rl import evaluation, rollouts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,7 +102,7 @@ def test_add_and_sample_reports_the_fresh_rollouts_entropy():
     np.testing.assert_allclose(float(stats["rollout_entropy"]), 1.0, rtol=1e-6)
     # No completion token at all: 0, not a division by zero.
     empty = {**completion, "mask": np.zeros((2, 3), bool)}
-    assert float(rollouts.rollout_entropy(empty)) == 0.0
+    assert float(evaluation.rollout_entropy(empty)) == 0.0
 
 
 def test_first_step_train_logprobs_equal_the_samplers_behaviour_logprobs(tmp_path):

@@ -211,3 +211,32 @@ def test_notes_of_a_study_without_the_reference():
     }
     text = sb.notes(payload, "replay", "onpolicy")
     assert "replay_cov no ratio (no onpolicy runs) / unknown." in text
+
+
+def test_auto_mu_table_by_hand():
+    def variant(train, gen):
+        return {"per_seed": {"train_rollouts_to_target": train, "gen_rollouts_to_target": gen}}
+
+    payload = {
+        "variants": {
+            # On-policy trains each rollout once: T = G.
+            "onpolicy": variant([100, 200, 300], [100, 200, 300]),
+            # The fixed design trains four per generated: cheaper only at large mu.
+            "replay": variant([400, 400, None], [100, 100, None]),
+            "auto_lo": variant([200, 210, 220], [200, 210, 220]),
+            "auto_hi": variant([300, None, 280], [150, None, 140]),
+        }
+    }
+    table = sb.auto_mu_table(payload, {0.5: "auto_lo", 6.0: "auto_hi"})
+    assert list(table) == ["0.5", "6"]
+    low = table["0.5"]
+    # Medians of T + 0.5 G: on-policy 1.5 x 200, fixed 450 (the third seed never: +inf).
+    assert (low["onpolicy"], low["fixed"], low["auto"]) == (300.0, 450.0, 315.0)
+    assert low["cheaper"] == "onpolicy" and low["auto_over_cheaper"] == pytest.approx(1.05)
+    assert low["within_tolerance"] is True
+    assert low["per_seed"]["fixed"] == [450.0, 450.0, None]
+    high = table["6"]
+    # At mu = 6: on-policy 7 x 200 = 1400, fixed 1000, auto median of (1200, inf, 1120).
+    assert (high["onpolicy"], high["fixed"], high["auto"]) == (1400.0, 1000.0, 1200.0)
+    assert high["cheaper"] == "fixed" and high["auto_over_cheaper"] == pytest.approx(1.2)
+    assert high["within_tolerance"] is False
