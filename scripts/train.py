@@ -32,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from replax.core import config_utils  # noqa: E402
+from replax.core import config_utils, lost_host  # noqa: E402
 from replax.core.config_utils import flag_error_line as _one_line  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,13 +66,23 @@ def _parse(argv):
         _fail(_one_line(e, argv, config_utils.config_from_argv(argv, _DEFAULT_CONFIG)))
 
 
+def _several_processes() -> bool:
+    if _COORDINATOR.value or (_NUM_PROCESSES.value or 1) > 1:
+        return True
+    return _NUM_PROCESSES.value != 1 and lost_host.is_multi_host(os.environ)
+
+
+def _last_sealed_step(workdir: str) -> int | None:
+    from replax.run import checkpoint
+
+    return checkpoint.last_sealed_step(os.path.join(workdir, "checkpoints"))
+
+
 def main(argv):
     del argv
     # absl's INFO lines (orbax, jax) drown the run's own: ERROR unless --verbosity says.
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.ERROR)
-    import jax
-
     from replax.config import build as configuration
     from replax.config import spec as spec_lib
     from replax.core import processes
@@ -85,6 +95,9 @@ def main(argv):
         _fail(f"--config={config_file}: no such file (e.g. --config=configs/arith.py)")
     workdir = _WORKDIR.value or config_utils.default_workdir(config_flag, _ROOT)
     config = flags.FLAGS.config
+    if _several_processes():  # before jax starts: a lost peer ends this run in one line
+        lost_host.supervise(lambda: _last_sealed_step(workdir))
+    import jax
     try:  # before anything asks jax for devices: validate counts them
         processes.maybe_initialize_distributed(
             coordinator_address=_COORDINATOR.value,
@@ -93,6 +106,7 @@ def main(argv):
         )
     except (ValueError, TypeError, RuntimeError) as e:
         _fail(f"jax.distributed: {_one_line(e)}")
+    lost_host.watch_peers()
     try:  # the spec checks itself, and train builds it, before anything is created
         # A task.name on the command line keeps only the file's task.* keys it can use.
         file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
@@ -103,6 +117,9 @@ def main(argv):
     except runtime.Preempted as e:
         print(str(e), file=sys.stderr)
         sys.exit(runtime.EXIT_PREEMPTED)
+    except jax.errors.JaxRuntimeError:
+        lost_host.await_loss()  # a collective that failed for a lost peer ends here
+        raise
     if jax.process_index() != 0:
         return
     print(
