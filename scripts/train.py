@@ -98,6 +98,7 @@ def main(argv):
     if _several_processes():  # before jax starts: a lost peer ends this run in one line
         lost_host.supervise(lambda: _last_sealed_step(workdir))
     import jax
+
     try:  # before anything asks jax for devices: validate counts them
         processes.maybe_initialize_distributed(
             coordinator_address=_COORDINATOR.value,

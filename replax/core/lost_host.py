@@ -211,7 +211,7 @@ class PeerWatch:
         counters = dict(self.client.key_value_dir_get(self.PREFIX))
         now = self.clock()
         self.reached = now
-        for p, (last, since) in self.seen.items():
+        for p, (last, _) in self.seen.items():
             value = counters.get(f"{self.PREFIX}{p}")
             if value != last:
                 self.seen[p] = (value, now)
