@@ -107,7 +107,7 @@ def main(argv):
         )
     except (ValueError, TypeError, RuntimeError) as e:
         _fail(f"jax.distributed: {_one_line(e)}")
-    lost_host.watch_peers()
+    lost_host.watch_peers(lambda: _last_sealed_step(workdir))
     try:  # the spec checks itself, and train builds it, before anything is created
         # A task.name on the command line keeps only the file's task.* keys it can use.
         file_config = experiments.file_config(flags.FLAGS["config"].config_filename)

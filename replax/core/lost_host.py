@@ -40,11 +40,11 @@ EXIT_PEER_LOST = 4
 # `MARK step N` (each step done), `MARK lost P`.
 MARK = "\x1freplax "
 SUPERVISED = "REPLAX_SUPERVISED"
-# Lines that start a failure's output (a Python traceback, an absl fatal line, a C++
-# abort, faulthandler's dump): from there the parent holds lines back.
+# Lines that start a failure's output (a Python traceback, an absl fatal line or a
+# warning or error of jax's distributed runtime, a C++ abort, faulthandler's dump).
 _FAILURE = re.compile(
-    r"^(Traceback |F\d{4} |\*\*\* |Fatal Python error|terminate called|"
-    r"jax\.errors\.|Exception ignored)"
+    r"^(Traceback |F\d{4} |[WE]\d{4} .*(coordination|preemption|distributed|[Gg]loo|heartbeat)|"
+    r"\*\*\* |Fatal Python error|terminate called|jax\.errors\.|Exception ignored)"
 )
 # What jax's client says when it aborts for a lost peer (the lost process, when it
 # names it, as group 1 of the second pattern).
@@ -167,8 +167,13 @@ def supervise(resume_step: Callable[[], int | None]) -> None:
     os._exit(relay.finish(code, resume_step))
 
 
+_STEP: list[int | None] = [None]  # the last step reported
+
+
 def report(what: str, value: int) -> None:
     """Tells the supervising parent (when there is one) the step or the lost process."""
+    if what == "step":
+        _STEP[0] = value
     if os.environ.get(SUPERVISED):
         os.write(2, f"{MARK}{what} {value}\n".encode())
 
@@ -177,7 +182,7 @@ class PeerWatch:
     """Heartbeats through jax.distributed's key-value store (see the module doc).
 
     client: jax's DistributedRuntimeClient (key_value_set, key_value_dir_get);
-    on_lost(p): what to do when process p is lost (default: report it and leave)."""
+    on_lost(p): what to do when process p is lost (once, from the watch's thread)."""
 
     PREFIX = "replax/alive/"
 
@@ -189,12 +194,12 @@ class PeerWatch:
         *,
         interval_s: float = 1.0,
         timeout_s: float = 30.0,
-        on_lost: Callable[[int], None] | None = None,
+        on_lost: Callable[[int], None],
         clock: Callable[[], float] = time.monotonic,
     ):
         self.client, self.process_id, self.num_processes = client, process_id, num_processes
         self.interval_s, self.timeout_s, self.clock = interval_s, timeout_s, clock
-        self.on_lost = on_lost or _leave
+        self.on_lost = on_lost
         self.beats = 0
         now = clock()
         # Per peer: (its last counter seen, when it last changed); the store's last answer.
@@ -249,9 +254,15 @@ class PeerWatch:
                 return
 
 
-def _leave(lost: int) -> None:
-    report("lost", lost)
+def _leave(lost: int, num_processes: int, resume_step: Callable[[], int | None]) -> None:
+    """Reports the loss (to the parent, or without one in the one line itself) and ends
+    the process at once."""
     try:
+        if os.environ.get(SUPERVISED):
+            report("lost", lost)
+        else:
+            line = lost_line(lost, num_processes, _STEP[0], resume_step())
+            os.write(2, f"{line}\n".encode())
         sys.stdout.flush()
     finally:
         os._exit(EXIT_PEER_LOST)
@@ -260,15 +271,22 @@ def _leave(lost: int) -> None:
 _WATCH: PeerWatch | None = None
 
 
-def watch_peers(timeout_s: float = 30.0) -> PeerWatch | None:
-    """Starts this process's PeerWatch when jax.distributed runs several processes."""
+def watch_peers(resume_step: Callable[[], int | None], timeout_s: float = 30.0) -> PeerWatch | None:
+    """Starts this process's PeerWatch when jax.distributed runs several processes;
+    resume_step: the step a rerun would resume from (for the line said without a
+    supervising parent)."""
     global _WATCH
     from jax._src import distributed
 
     state = distributed.global_state
     if _WATCH is None and state.client is not None and state.num_processes > 1:
+        n = state.num_processes
         _WATCH = PeerWatch(
-            state.client, state.process_id, state.num_processes, timeout_s=timeout_s
+            state.client,
+            state.process_id,
+            n,
+            timeout_s=timeout_s,
+            on_lost=lambda lost: _leave(lost, n, resume_step),
         ).start()
         report("processes", state.num_processes)
     return _WATCH

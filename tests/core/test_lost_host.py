@@ -33,7 +33,9 @@ class FakeStore:
 
 
 def _watches(store, clock):
-    return [lost_host.PeerWatch(store, p, 3, timeout_s=30, clock=clock) for p in range(3)]
+    return [
+        lost_host.PeerWatch(store, p, 3, timeout_s=30, on_lost=print, clock=clock) for p in range(3)
+    ]
 
 
 def test_a_peer_whose_counter_stops_is_lost_after_the_timeout():
@@ -70,6 +72,9 @@ def test_relay_passes_lines_and_turns_an_abort_for_a_lost_leader_into_one_line()
         f"{lost_host.MARK}processes 2\n",
         "step 1/4 reward 0.4\n",
         f"{lost_host.MARK}step 3\n",
+        "W1204 18:25:07.700633 13778 preemption_sync_manager.cc:147] Failed to retrieve "
+        "preemption notice from coordination service: UNAVAILABLE\n",
+        "Additional GRPC error information\n",
         "Traceback (most recent call last):\n",
         '  File "x.py", line 1\n',
         "F1204 18:11:48.594585 1833 client.h:80] Terminating process ... Failed to send RPC "
@@ -100,10 +105,13 @@ def test_relay_names_the_task_jax_found_unhealthy_and_relays_other_failures():
 
     out = io.StringIO()
     relay = lost_host.Relay(out)
-    for line in ["Traceback (most recent call last):\n", "ValueError: a bug\n"]:
+    lines = ["W1204 12:00:00.1 1 other.cc:1] a warning\n", "step 2/4\n"]
+    lines += ["Traceback (most recent call last):\n", "ValueError: a bug\n"]
+    for line in lines:
         relay.feed(line)
+    assert out.getvalue() == "".join(lines[:2])  # passed on as they came
     assert relay.finish(1, lambda: 2) == 1
-    assert out.getvalue() == "Traceback (most recent call last):\nValueError: a bug\n"
+    assert out.getvalue() == "".join(lines)
 
 
 # A supervised child that reports its step, then dies as jax's client makes it die when
