@@ -121,6 +121,8 @@ def main(argv):
     except jax.errors.JaxRuntimeError:
         lost_host.await_loss()  # a collective that failed for a lost peer ends here
         raise
+    finally:
+        lost_host.stop_watching()
     if jax.process_index() != 0:
         return
     print(

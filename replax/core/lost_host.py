@@ -292,6 +292,13 @@ def watch_peers(resume_step: Callable[[], int | None], timeout_s: float = 30.0) 
     return _WATCH
 
 
+def stop_watching() -> None:
+    """Stops the watch once the run is over: jax.distributed's shutdown at exit closes the
+    store, which the watch would otherwise take for a lost process 0."""
+    if _WATCH is not None:
+        _WATCH.stop()
+
+
 def await_loss() -> None:
     """After a collective failed: waits long enough for the watch to judge a lost peer
     (it ends the process then); returns when there is no watch or no peer was lost."""
