@@ -3,9 +3,9 @@ one line that says which process was lost and how to resume, instead of hanging 
 collective until jax's heartbeat timeout aborts them with a C++ log and a traceback.
 
 Two parts, both for runs of several processes only:
-- `supervise`: scripts/train.py forks before it imports jax. The child trains; the
-  parent relays the child's stderr and waits for it. A lost peer ends the child one of
-  two ways: its `PeerWatch` reports the loss and leaves, or, when process 0 (the host of
+- `supervise`: scripts/train.py forks before jax starts (no jax.distributed, no device
+  yet). The child trains; the parent relays the child's stderr and waits for it. A
+  lost peer ends the child one of two ways: its `PeerWatch` reports the loss and leaves, or, when process 0 (the host of
   jax's coordination service) is the one lost, jax's client aborts the child within a
   second, from C++, before any Python code can act. Either way the parent holds back
   what the child printed from its first failure line on, prints the one line instead,
@@ -47,9 +47,9 @@ _FAILURE = re.compile(
     r"\*\*\* |Fatal Python error|terminate called|jax\.errors\.|Exception ignored)"
 )
 # What jax's client says when it aborts for a lost peer (the lost process, when it
-# names it, as group 1 of the second pattern).
+# names it, as a group of the second pattern).
 _LEADER_LOST = re.compile(r"leader task was preempted/died|Failed to send RPC to coordination")
-_TASK_LOST = re.compile(r"(?:stopped sending heartbeats\):\s*|Task )(\d+)(?: heartbeat timeout)?")
+_TASK_LOST = re.compile(r"stopped sending heartbeats\):\s*(\d+)|Task (\d+) heartbeat timeout")
 
 
 def is_multi_host(environ=os.environ) -> bool:
@@ -109,7 +109,7 @@ class Relay:
         if _LEADER_LOST.search(text):
             return 0
         found = _TASK_LOST.search(text)
-        return None if found is None else int(found.group(1))
+        return None if found is None else int(found.group(1) or found.group(2))
 
     def finish(self, exit_code: int, resume_step: Callable[[], int | None]) -> int:
         """The parent's exit status, once the child has exited with exit_code: after a
@@ -137,7 +137,8 @@ def _die_with_parent() -> None:
 
 def supervise(resume_step: Callable[[], int | None]) -> None:
     """Forks. Returns in the child, which goes on to train; the parent relays the child's
-    stderr, waits for it and exits (see the module doc). Call before importing jax.
+    stderr, waits for it and exits (see the module doc). Call before jax starts: before
+    jax.distributed.initialize and before anything asks for devices.
 
     SIGTERM reaches the child through the parent; SIGINT from a terminal reaches both,
     so the parent ignores it and lets the child stop as it does alone."""
