@@ -5,11 +5,12 @@ collective until jax's heartbeat timeout aborts them with a C++ log and a traceb
 Two parts, both for runs of several processes only:
 - `supervise`: scripts/train.py forks before jax starts (no jax.distributed, no device
   yet). The child trains; the parent relays the child's stderr and waits for it. A
-  lost peer ends the child one of two ways: its `PeerWatch` reports the loss and leaves, or, when process 0 (the host of
-  jax's coordination service) is the one lost, jax's client aborts the child within a
-  second, from C++, before any Python code can act. Either way the parent holds back
-  what the child printed from its first failure line on, prints the one line instead,
-  and exits with EXIT_PEER_LOST. Any other failure's output is relayed as it was.
+  lost peer ends the child one of two ways: its `PeerWatch` reports the loss and
+  leaves, or, when process 0 (the host of jax's coordination service) is the one lost,
+  jax's client aborts the child within a second, from C++, before any Python code can
+  act. Either way the parent holds back what the child printed from its first failure
+  line on, prints the one line instead, and exits with EXIT_PEER_LOST. Any other
+  failure's output is relayed as it was.
 - `PeerWatch`: threads in the child. Each process bumps a counter in jax.distributed's
   key-value store every `interval_s` and reads everyone's; a peer whose counter has not
   moved for `timeout_s`, or a store out of reach for as long, is lost: the watch tells
