@@ -18,6 +18,8 @@ On a Cloud TPU pod slice or under SLURM nothing more is needed; elsewhere set
 JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES and JAX_PROCESS_ID, or pass
 --coordinator_address, --num_processes and --process_id. Process 0 alone writes
 metrics.jsonl and TensorBoard and prints; every process writes its part of checkpoints.
+A process lost mid-run stops the others within a minute with status 4 and one line naming
+it and the step the same command, run again on every process, resumes from.
 
 It prints a start-up banner (devices, meshes, bytes per device, tokens per step), then
 progress: a bar on a terminal, else a line at most every log.print_every_s seconds.
