@@ -306,6 +306,7 @@ def make_config(
     c.warmstart.batch_size = 8
     c.warmstart.learning_rate = 1e-5
     c.warmstart.eval_every = 1
+    c.warmstart.num_examples = 0
     c.warmstart.cache_dir = ""
 
     # R = 128 (host) or 512 (pod) fresh rollouts a step for replay, twice that on-policy;

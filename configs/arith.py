@@ -109,6 +109,8 @@ def get_config(arg=None):
     c.warmstart.batch_size = 64
     c.warmstart.learning_rate = 1e-3
     c.warmstart.eval_every = 25
+    # SFT batches are drawn from the first 20,000 train examples (0: task.num_train of them).
+    c.warmstart.num_examples = 20_000
     # Where the base checkpoint is cached; empty means WORKDIR/base. Runs that share a
     # seed and model can share one (scripts/compare.py does).
     c.warmstart.cache_dir = ""

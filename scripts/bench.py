@@ -57,6 +57,10 @@ Groups:
            back to back: see scripts/benchmarks/hand_tuned.py.
   placement  (only with --only) colocated against disjoint placement, a step's wall time
            when generation and training cost the same: scripts/benchmarks/placement.py.
+  covariance  (only with --only) the plain train step against KL-Cov's (loss.kl_cov_frac =
+           0.002) on configs/smollm2.py's shape, batch and microbatches, alternated:
+           covariance_{plain,kl_cov}_step_s (wall) and _cpu_s, their ratios, the passes each
+           step ran and its train_flops: scripts/benchmarks/covariance.py.
 Reference model (design.md): vocab 512, 4 layers, d_model 256, 4 heads, 2 kv heads,
 head_dim 64, MLP 1024, fp32; prompt 16 tokens, 64 new tokens.
 """
@@ -68,6 +72,7 @@ import time
 
 from absl import app, flags
 from benchmarks.common import bench_machine
+from benchmarks.covariance import bench_covariance
 from benchmarks.hand_tuned import bench_hand_tuned
 from benchmarks.placement import bench_placement
 from benchmarks.replay import bench_replay
@@ -76,7 +81,9 @@ from benchmarks.train import bench_train
 
 _OUT = flags.DEFINE_string("out", None, "Write the JSON object to this file.")
 _ONLY = flags.DEFINE_list(
-    "only", None, "Comma-separated groups to run (default: all but hand_tuned, placement)."
+    "only",
+    None,
+    "Comma-separated groups to run (default: all but hand_tuned, placement, covariance).",
 )
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per measurement (median).")
 
@@ -88,6 +95,7 @@ GROUPS = {
     "train": bench_train,
     "hand_tuned": bench_hand_tuned,
     "placement": bench_placement,
+    "covariance": bench_covariance,
 }
 DEFAULT_GROUPS = ["machine", "sampler", "top_p", "replay", "train"]
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -54,15 +53,6 @@ flags.DEFINE_integer("refill_every", 2, "The engine's refill interval, in decode
 flags.DEFINE_float("median_frac", 0.25, "Target median completion length / cap.")
 
 STOP_ID, PAD_ID = 1, 0
-
-
-def commit() -> str:
-    try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True)
-        return out.stdout.decode().strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def static_rows(sampler, params, ids, mask, key, group_size, slots):
@@ -98,30 +88,18 @@ def static_rows(sampler, params, ids, mask, key, group_size, slots):
     return tokens, logprobs, lengths, row_steps
 
 
-def calibrate_bias(make, params, ids, mask, key, group_size, cap, median_frac):
-    """The stop-token logit bias whose median completion length is median_frac x cap
-    (bisection on the measured median)."""
-    import numpy as np
-
-    low, high = -5.0, 15.0
-    for _ in range(14):
-        bias = (low + high) / 2
-        sampler = make(bias)
-        out = sampler.generate(params, ids, mask, key, num_samples=group_size, rollout_keys=True)
-        median = float(np.median(np.asarray(out.lengths)))
-        if median > median_frac * cap:
-            low = bias
-        else:
-            high = bias
-    return (low + high) / 2
-
-
 def main(argv):
     del argv
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from benchmarks.common import NEW_TOKENS, PROMPT_LEN, reference_model_config
+    from benchmarks.common import (
+        NEW_TOKENS,
+        PROMPT_LEN,
+        bisect_stop_bias,
+        commit,
+        reference_model_config,
+    )
 
     from replax.model import transformer as model_lib
     from replax.sampling import engine as engine_lib
@@ -151,9 +129,13 @@ def main(argv):
             logit_bias=((STOP_ID, float(bias)),),
         )
 
-    bias = calibrate_bias(
-        make, params, ids, mask, key, FLAGS.group_size, NEW_TOKENS, FLAGS.median_frac
-    )
+    def median_length(bias):
+        out = make(bias).generate(
+            params, ids, mask, key, num_samples=FLAGS.group_size, rollout_keys=True
+        )
+        return float(np.median(np.asarray(out.lengths)))
+
+    bias = bisect_stop_bias(median_length, FLAGS.median_frac * NEW_TOKENS, -5.0, 15.0, 14)
     sampler = make(bias)
     engine = engine_lib.make_engine(sampler, slots=FLAGS.slots, refill_every=FLAGS.refill_every)
     total = FLAGS.prompts * FLAGS.group_size

@@ -10,7 +10,8 @@ run at it. Every variant generates
 the same number of rollouts (`--budget_rollouts`, steps = budget / R), so replay with R =
 32 takes twice the steps of on-policy with R = 64. The target accuracy is the on-policy
 median final accuracy; each run's generated tokens and modelled cost (the paper's sum
-over steps of B + mu R, in units of training one rollout) when it first reaches the
+over steps of B + mu R, in units of training one rollout in a plain step: B counts at its
+step's FLOPs over a plain step's, analysis.modelled_cost) when it first reaches the
 target give the ratios: first on the same basis, each side's own first reach (tokens, cost
 and the break-even mu above which replay costs less: replax/tools/same_basis.py), then
 replay's first reach over on-policy's whole run. Runs live in DIR/runs/VARIANT/lrLR/seedS
@@ -112,9 +113,11 @@ RUN_KEYS = (
     "train_s",
     "gen_tokens_to_target",
     "train_rollouts_to_target",
+    "train_cost_to_target",
     "gen_rollouts_to_target",
     "cost_to_target",
     "cost_to_target_at_mu_measured",
+    "train_cost",
     "total_cost",
     "total_cost_at_mu_measured",
     "mu_measured",
@@ -131,6 +134,7 @@ RUN_KEYS = (
 NEVER_KEYS = (
     "gen_tokens_to_target",
     "train_rollouts_to_target",
+    "train_cost_to_target",
     "gen_rollouts_to_target",
     "cost_to_target",
     "cost_to_target_at_mu_measured",
@@ -662,7 +666,7 @@ def report(
                 base_accuracy=base,
                 groups=groups,
             )
-            total = {"train_rollouts": s["train_rollouts"], "gen_rollouts": s["gen_rollouts"]}
+            total = {"train_cost": s["train_cost"], "gen_rollouts": s["gen_rollouts"]}
             if final:  # pass@k and entropy over --final_pass_k_prompts prompts
                 s = {**s, "pass_at_k": final["eval_pass_at_k"], "entropy": final["entropy"]}
             # The runs' own evaluations (the re-evaluation is of the last checkpoint only).

@@ -121,13 +121,6 @@ def peak_flops(device) -> tuple[float, str]:
     return gflops * 1e9, f"measured float32 2048x2048 matmul ({kind or 'cpu'})"
 
 
-def commit() -> str:
-    import subprocess
-
-    out = subprocess.run(["git", "-C", _ROOT, "rev-parse", "HEAD"], capture_output=True)
-    return out.stdout.decode().strip() or "unknown"
-
-
 def median_seconds(fn, repeats: int):
     import jax
 
@@ -176,6 +169,7 @@ def train_batch(config, lengths, rng, batch_size: int, prompt_len: int, new_toke
 def measure(args) -> dict:
     import jax
     import numpy as np
+    from benchmarks.common import bisect_stop_bias, commit
 
     from replax.core import sharding
     from replax.model import flops as flops_lib
@@ -217,19 +211,18 @@ def measure(args) -> dict:
     # LENGTHS: the stop bias whose median completion is a quarter of the cap, found on a
     # probe of a quarter of the prompts.
     probe = max(1, args.prompts // 4)
-    low, high = -5.0, 25.0
-    if args.stop_bias is not None:
-        low = high = args.stop_bias
-    for _ in range(0 if args.stop_bias is not None else 10):
-        bias = (low + high) / 2
+
+    def median_length(bias):
         out = make(bias).generate(
             state.params, prompt_ids[:probe], prompt_mask[:probe], key, num_samples=g
         )
-        if float(np.median(np.asarray(out.lengths))) > n / 4:
-            low = bias
-        else:
-            high = bias
-    sampler = make((low + high) / 2)
+        return float(np.median(np.asarray(out.lengths)))
+
+    if args.stop_bias is None:
+        bias = bisect_stop_bias(median_length, n / 4, -5.0, 25.0, 10)
+    else:
+        bias = args.stop_bias
+    sampler = make(bias)
     engine = engine_lib.make_engine(sampler, slots=args.slots, refill_every=args.refill_every)
     params = sampler.prepare_params(state.params)
     total = args.prompts * g
@@ -332,7 +325,7 @@ def measure(args) -> dict:
             "mean": float(lengths.mean()),
             "cap": n,
             "at_cap_frac": float(np.mean(lengths == n)),
-            "stop_logit_bias": (low + high) / 2,
+            "stop_logit_bias": bias,
         },
         "commit": commit(),
     }

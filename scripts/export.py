@@ -53,7 +53,7 @@ def main(argv):
     from replax.hf import config as hf_config
     from replax.model import lora
     from replax.run import assemble as run_lib
-    from replax.run import checkpoint
+    from replax.run import checkpoint, frozen_base
 
     workdir = _WORKDIR.value
     path = os.path.join(workdir, "config.json")
@@ -72,7 +72,7 @@ def main(argv):
     reader = checkpoint.Checkpointer(ckpt_dir)
     try:  # a step without a valid seal is never read
         step = reader.pick_sealed(_STEP.value, log=lambda line: print(line, file=sys.stderr))
-        params = reader.restore_train_state(step, train_state=train_state).params
+        params = frozen_base.restore_train_state(run, reader, step, train_state).params
     except ConfigError as e:
         _fail(str(e))
     finally:

@@ -8,7 +8,7 @@ the base model alone, on the benchmark's reference model (vocab 512, 4 layers, d
 256, fp32), 64 rows of 16 prompt + 64 new tokens, interleaved repetitions; and the merge.
 sync: disjoint placement's weight sync on 8 simulated CPU devices (trainer 4, sampler 4)
 of a SmolLM2-135M-shaped model, the whole tree against the adapters alone, by the path
-`placement.DisjointRollouts._sync` takes.
+`weight_sync.WeightSync` takes in one process (a device_put of the tree given, then the cast).
 """
 
 import argparse

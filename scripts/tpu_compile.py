@@ -211,6 +211,18 @@ def main(argv):
             f"{traffic['ideal_kv_bytes'] / GIB:.3f} read once): "
             f"{traffic['ratio']:.2f}x"
         )
+    compiled_mu = None
+    if traffic is not None and all(
+        n in rows and "error" not in rows[n] for n in ("engine_prefill", "train_step")
+    ):
+        print("modelling mu from the compiled programs' bytes ...", flush=True)
+        compiled_mu = decode_traffic.compiled_mu(run, programs, traffic, target.chip, target.chips)
+        print(
+            f"mu {compiled_mu['mu']:.2f} modelled from the compiled programs (HBM bytes with "
+            f"loops multiplied out, at the chip's peaks; slots full, completions at the cap; "
+            f"not measured): decode step {1e3 * compiled_mu['decode_step_s']:.3f} ms, train "
+            f"step {1e3 * compiled_mu['train_step_s']:.2f} ms"
+        )
     failed = [n for n, r in rows.items() if "error" in r or not r["fits"]]
     result = {
         "topology": target.name,
@@ -224,6 +236,7 @@ def main(argv):
         "programs": rows,
         "modelled": modelled,
         "engine_decode_traffic": traffic,
+        "modelled_compiled": compiled_mu,
         "config": flags.FLAGS["config"].config_filename,
         "command": " ".join(["python", "scripts/tpu_compile.py", *sys.argv[1:]]),
         "train_mesh": dict(run.mesh.shape),

@@ -108,8 +108,22 @@ def fit_mesh(c, devices=8):
     c.mesh.shape = (-1, fsdp, tensor)
 
 
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    """The tiny data files' problems, 640 with a copy number appended: with half of them
+    held out (task.test_fraction=0.5), enough for a variant's 256 eval.num_prompts."""
+    directory = tmp_path_factory.mktemp("data")
+    for name, field in (("gsm8k", "question"), ("math", "problem")):
+        records = [json.loads(line) for line in (DATA / f"{name}_tiny.jsonl").open()]
+        with open(directory / f"{name}.jsonl", "w") as f:
+            for copy in range(640 // len(records)):
+                for r in records:
+                    f.write(json.dumps({**r, field: f"{r[field]} ({copy})"}) + "\n")
+    return directory
+
+
 @pytest.mark.parametrize("name, variant", VARIANTS)
-def test_every_variant_passes_the_config_checks(name, variant, checkpoint):
+def test_every_variant_passes_the_config_checks(name, variant, checkpoint, data_files):
     c = load(name, variant)
     assert c.model.init == "checkpoint" and c.model.checkpoint == ""
     assert c.task.data_path is None  # the user's; MathTask says so when it is missing
@@ -117,6 +131,11 @@ def test_every_variant_passes_the_config_checks(name, variant, checkpoint):
     c.task.data_path = str(DATA / f"{name}_tiny.jsonl")
     if variant.endswith("pod"):
         fit_mesh(c)
+    # The build step counts the file's problems against a step's and the evaluation's.
+    with pytest.raises(ConfigError, match=r"is more than the \d+ (train|held-out) examples"):
+        configuration.validate(c)
+    c.task.data_path = str(data_files / f"{name}.jsonl")
+    c.task.test_fraction = 0.5
     configuration.validate(c)
 
     r = c.rollout.prompts_per_step * c.rollout.group_size
@@ -202,13 +221,13 @@ def test_every_key_the_trainer_reads_is_there():
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_architecture_keys_are_the_named_model(model, checkpoint):
+def test_architecture_keys_are_the_named_model(model, checkpoint, data_files):
     """Without a checkpoint the model.* keys build the ModelConfig: it passes the checks
     and has the published number of parameters."""
     c = load("gsm8k", model)
     c.model.init, c.model.checkpoint = "random", ""
     c.tokenizer.path = checkpoint
-    c.task.data_path = str(DATA / "gsm8k_tiny.jsonl")
+    c.task.data_path, c.task.test_fraction = str(data_files / "gsm8k.jsonl"), 0.5
     configuration.validate(c)
     config = configuration.model_config(spec_lib.parse(c).model)
     tokens = jax.numpy.zeros((1, 8), "int32")

@@ -118,3 +118,9 @@ def test_the_readme_quick_start_says_what_its_steps_give():
     assert re.search(rf"\b{steps} steps\b.*\n?.*`accuracy \d\.\d{{3}} -> \d\.\d{{3}}`", prose), (
         prose
     )
+
+
+def test_the_readme_is_a_guide_not_a_notebook():
+    """README.md stays short (studies and long tables live in docs/): at most 250 lines."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to docs/"

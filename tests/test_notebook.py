@@ -171,7 +171,8 @@ def test_install_cell_installs_nothing_when_importable_else_the_checkout_else_sa
         run_in_kernel(client, f"os.chdir({str(elsewhere)!r})")
         line = stop_line(client, nb, source_cell)
         assert line.startswith("replax is not installed: set REPLAX_SOURCE in the first cell")
-        assert "checkout folder or a pip-installable URL" in line
+        # No public URL yet: it says how to upload or mount a checkout.
+        assert "upload a zip of a checkout" in line and "drive.mount('/content/drive')" in line
         assert not (tmp_path / "work" / "replax").exists()
         # A CPU runtime without ALLOW_CPU.
         run_in_kernel(client, "del sys.modules['replax']")
@@ -213,3 +214,26 @@ def test_a_bad_setting_stops_the_run_cell_with_one_line(tmp_path, gsm8k_director
         line
     )
     assert not (tmp_path / "work" / "run").exists()
+
+
+def test_the_workdir_goes_on_drive_when_drive_is_mounted(tmp_path, monkeypatch):
+    """WORK left empty: under a mounted Drive (it outlives the runtime), else on the local
+    disk, each said in a line; a WORK the user set is kept."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    parameters = code_cells(nb)[0].source
+    monkeypatch.delenv("REPLAX_WORK", raising=False)
+    drive = tmp_path / "MyDrive"
+    drive.mkdir()
+    monkeypatch.setenv("REPLAX_DRIVE_ROOT", str(drive))
+    scope = {}
+    exec(parameters, scope)  # noqa: S102 - the notebook's own first cell
+    assert scope["WORK"] == str(drive / "replax_runs")
+    monkeypatch.setenv("REPLAX_DRIVE_ROOT", str(tmp_path / "not_mounted"))
+    scope = {}
+    exec(parameters, scope)  # noqa: S102
+    assert scope["WORK"] != str(drive / "replax_runs") and scope["WORK"].endswith("replax_runs")
+    monkeypatch.setenv("REPLAX_WORK", str(tmp_path / "mine"))
+    monkeypatch.setenv("REPLAX_DRIVE_ROOT", str(drive))
+    scope = {}
+    exec(parameters, scope)  # noqa: S102
+    assert scope["WORK"] == str(tmp_path / "mine")

@@ -125,6 +125,13 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
     skipped = validation.long_prompts(spec, prompts, lengths)
     validation.validate_answers_fit(spec, task.max_answer_chars())
     check_machine(spec, mcfg, num_devices, jax.process_count(), jax.default_backend())
+    train_devices, _ = validation.placement_devices(spec, num_devices, jax.process_count())
+    check_split_sizes(
+        spec,
+        whole_split_sizes(spec, task),
+        validation.data_shards(spec, train_devices),
+        task_source(spec.task),
+    )
     check_engine_memory(spec, mcfg, num_devices, jax.process_count())
     return Built(
         model_config=mcfg,
@@ -175,6 +182,54 @@ def split_prompts(spec: RunSpec, task: Task) -> dict[str, list[str]]:
         split: [e.prompt for e in task.examples(split, num, spec.task.data_seed)]
         for split, num in sizes.items()
     }
+
+
+def whole_split_sizes(spec: RunSpec, task: Task) -> dict[str, int]:
+    """The size of each split that the data set takes whole (task.num_* = 0: all a
+    file-backed task holds), known only once the task is read."""
+    sizes = {"train": spec.task.num_train, "test": spec.task.num_test}
+    return {
+        split: len(task.examples(split, 0, spec.task.data_seed))
+        for split, num in sizes.items()
+        if num == 0
+    }
+
+
+def task_source(task: sections.TaskSection) -> str:
+    """Where a task's examples come from, as a message names it."""
+    path = task.kwargs.get("data_path", "")
+    return f"task.data_path={path!r}" if path else f"task {task.name}"
+
+
+def check_split_sizes(spec: RunSpec, sizes: Mapping[str, int], shards: int, source: str) -> None:
+    """The splits taken whole (sizes: split -> count, from `whole_split_sizes`) hold a
+    step's prompts, the warm start's demonstrations and the evaluation's prompts (a
+    multiple of the data shards): one line naming the key and a value that fits."""
+    train, test = sizes.get("train"), sizes.get("test")
+    if train is not None:
+        least = spec.rollout.prompts_per_step
+        require(
+            least <= train,
+            f"rollout.prompts_per_step={least} is more than the {train} train examples of "
+            f"{source}: set rollout.prompts_per_step to {train} or less",
+        )
+        pool = spec.warmstart.num_examples
+        require(
+            spec.model.init != "warmstart" or pool <= train,
+            f"warmstart.num_examples={pool} is more than the {train} train examples of "
+            f"{source}: set warmstart.num_examples to {train} or less (0: all of them)",
+        )
+    if test is None or spec.eval.num_prompts <= test:
+        return
+    wanted, fits = spec.eval.num_prompts, test // shards * shards
+    more = f"eval.num_prompts={wanted} is more than the {test} held-out examples of {source}"
+    if fits:
+        per_shard = f", a multiple of the {shards} data shards" if shards > 1 else ""
+        raise ConfigError(f"{more}: set eval.num_prompts={fits} (or less{per_shard})")
+    raise ConfigError(
+        f"{more}, and {shards} data shards need at least {shards}: give the task more held-out "
+        "examples (with task.name='jsonl', more records or a larger task.test_fraction)"
+    )
 
 
 def task_keys_error(task: sections.TaskSection, error: TypeError) -> str:

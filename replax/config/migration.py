@@ -54,6 +54,8 @@ ADDED_KEYS = {
     "model.lora_rank": 0,
     "model.lora_alpha": 16.0,
     "model.lora_targets": "q,k,v,o,gate,up,down",
+    # The warm start drew from the first 20,000 train examples before the key existed.
+    "warmstart.num_examples": 20_000,
 }
 
 

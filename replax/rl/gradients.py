@@ -11,16 +11,79 @@ layer at a time.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from replax.model import flops as flops_lib
 from replax.model import layers, lora
 from replax.model import logprobs as logprobs_lib
 from replax.model import transformer as model_lib
 from replax.model.logprobs import mask_vocab
 from replax.rl import objectives
+
+
+def covariance_pass(
+    loss_config: objectives.LossConfig,
+    *,
+    num_microbatches: int,
+    rows: int,
+    length: int,
+    row_multiple: int = 1,
+) -> str | None:
+    """How a step in microbatches ranks a covariance option's tokens over the whole batch
+    (`make_gradient_fn`): None when no option is on, or in one pass (ranked inside it);
+    'correction': the microbatches take the loss without the option, their log-probs rank
+    the tokens, and a forward and backward of the rows holding the chosen tokens adds the
+    option's part of the gradient; 'forward': a forward pass of every row, log-probs only,
+    ranks them first. The correction is taken when it can never cost more: rows x length
+    bounds the valid tokens, so covariance_count of it the chosen tokens and their rows
+    (in slices of row_multiple, the data-parallel shards)."""
+    if loss_config.covariance_option is None or num_microbatches == 1:
+        return None
+    with jax.ensure_compile_time_eval():  # a bound of the shapes, also while tracing
+        tokens = int(objectives.covariance_count(loss_config, rows * length))
+    most_rows = -(-min(rows, tokens) // row_multiple) * row_multiple
+    correction = flops_lib.TrainPasses(forward=most_rows / rows, backward=most_rows / rows)
+    extra_forward = flops_lib.TrainPasses(forward=1.0, backward=0.0)
+    if correction.forward_equivalents <= extra_forward.forward_equivalents:
+        return "correction"
+    return "forward"
+
+
+def train_passes(
+    loss_config: objectives.LossConfig,
+    *,
+    num_microbatches: int,
+    rows: int,
+    length: int,
+    reference: bool = False,
+    row_multiple: int = 1,
+    corrected_rows=0.0,
+) -> flops_lib.TrainPasses:
+    """The passes a step of `make_gradient_fn` runs on a batch of rows x length tokens: a
+    forward and a backward of the batch, a forward of the KL reference (reference), and in
+    microbatches with a covariance option (`covariance_pass`) a forward of the batch
+    ('forward') or a forward and backward of corrected_rows of its rows ('correction': the
+    rows are known once the step has run, as are the step's `forward_passes` and
+    `backward_passes` metrics, which this gives)."""
+    forward, backward = 1.0 + bool(reference), 1.0
+    how = covariance_pass(
+        loss_config,
+        num_microbatches=num_microbatches,
+        rows=rows,
+        length=length,
+        row_multiple=row_multiple,
+    )
+    if how == "forward":
+        forward += 1.0
+    elif how == "correction":
+        forward += corrected_rows / rows
+        backward += corrected_rows / rows
+    return flops_lib.TrainPasses(forward=forward, backward=backward)
 
 
 def make_gradient_fn(
@@ -31,18 +94,26 @@ def make_gradient_fn(
     vocab_size: int | None = None,
     logits_chunk_size: int = 0,
     num_microbatches: int = 1,
+    row_multiple: int = 1,
 ):
     """(params, reference_params, batch, covariance_key=None, frozen=None) -> (grads,
     metrics) of the batch's policy loss; the arguments are `train_step.make_train_step`'s
     (validated there), covariance_key the PRNG key of loss.clip_cov_ratio's draw. With
     num_microbatches > 1 the gradient is accumulated in float32, and with a covariance
-    option on (objectives.LossConfig) a forward pass over the microbatches first gives the
-    whole batch's log-probs, so that its tokens are chosen as in one pass. `frozen`: params
-    that complete `params` into the model's (`lora.combine`) and get no gradient: with LoRA
-    `params` are the adapters and `frozen` the base."""
+    option on (objectives.LossConfig) its tokens are chosen over the whole batch, as in one
+    pass (`covariance_pass` says how). `frozen`: params that complete `params` into the
+    model's (`lora.combine`) and get no gradient: with LoRA `params` are the adapters and
+    `frozen` the base. row_multiple: the rows a slice of the batch must hold (the
+    data-parallel shards). The metrics include the passes the step ran (`train_passes`):
+    `forward_passes`, `backward_passes`."""
     scale = 1.0 / temperature if temperature > 0 else 1.0
+    option = loss_config.covariance_option
+    # The loss without the covariance option, whose part a correction adds afterwards.
+    plain_config = loss_config
+    if option is not None:
+        plain_config = dataclasses.replace(loss_config, **{option: 0})
 
-    def logprobs_and_entropy(params, batch, frozen=None):
+    def logprobs_and_entropy(params, batch, frozen=None, with_entropy=True):
         params = lora.combine(params, frozen)
         tokens, attn = batch["tokens"], batch["attention_mask"]
         positions = model_lib.positions_from_mask(attn)
@@ -57,9 +128,12 @@ def make_gradient_fn(
                 logits_chunk_size,
                 scale=scale,
                 vocab_size=vocab_size,
+                with_entropy=with_entropy,
             )
         logits = model.apply({"params": params}, tokens, positions, attn) * scale  # [B, L, V]
         logits = mask_vocab(logits, vocab_size)  # the distribution the sampler draws from
+        if not with_entropy:
+            return logprobs_lib.token_logprobs(logits, tokens), None
         return logprobs_lib.token_logprobs_and_entropy(logits, tokens)
 
     def reference_logprobs(reference_params, batch):
@@ -67,18 +141,19 @@ def make_gradient_fn(
             return None
         return jax.lax.stop_gradient(logprobs_and_entropy(reference_params, batch)[0])
 
-    def batch_loss(logprobs, entropy, reference, batch, covariance_key=None):
+    def batch_loss(logprobs, entropy, reference, batch, covariance_key=None, config=loss_config):
+        if entropy is not None and not config.entropy_coef:
+            entropy = jax.lax.stop_gradient(entropy)  # no backward pass through it
         return objectives.policy_loss(
             logprobs,
             batch["behaviour_logprobs"],
             batch["loss_mask"],
             batch["advantage"],
-            config=loss_config,
+            config=config,
             rewards=batch["reward"],
             baselines=batch["baseline"],
             reference_logprobs=reference,
-            # Differentiable only when the entropy bonus is on: no backward pass otherwise.
-            entropy=entropy if loss_config.entropy_coef else jax.lax.stop_gradient(entropy),
+            entropy=entropy,
             sample_weights=batch["importance_weights"],
             covariance_key=covariance_key,
             covariance_selected=batch.get("covariance_selected"),
@@ -89,24 +164,77 @@ def make_gradient_fn(
         reference = reference_logprobs(reference_params, batch)
         return batch_loss(logprobs, entropy, reference, batch, covariance_key)
 
-    def microbatch_loss_fn(params, reference_params, micro, whole_denominator, frozen):
+    def microbatch_loss_fn(params, reference_params, micro, whole_denominator, frozen, config):
         """The microbatch's loss as its share of the whole batch's, and its per-token
         log-probs, entropy and reference log-probs (no gradient) for the metrics."""
         logprobs, entropy = logprobs_and_entropy(params, micro, frozen)
         reference = reference_logprobs(reference_params, micro)
-        loss, _ = batch_loss(logprobs, entropy, reference, micro)
+        loss, _ = batch_loss(logprobs, entropy, reference, micro, config=config)
         share = _loss_denominator(micro["loss_mask"], loss_config.aggregation) / whole_denominator
         per_token = (jax.lax.stop_gradient(logprobs), jax.lax.stop_gradient(entropy), reference)
         return loss * share, per_token
 
+    def add_covariance_part(grads, params, batch, logprobs, frozen):
+        """(grads + the gradient of the covariance option's part of the whole batch's loss,
+        rows): that part (the loss with the option less the loss without it) lies on the
+        chosen tokens alone, so a forward and backward of the rows that hold them,
+        row_multiple at a time, gives its gradient; rows: how many that ran. Added into
+        grads in place: no second float32 copy of the gradient."""
+        selected = batch["covariance_selected"]  # [B, L]
+
+        def option_part(logprobs):
+            with_option, _ = batch_loss(logprobs, None, None, batch)
+            without, _ = batch_loss(logprobs, None, None, batch, config=plain_config)
+            return with_option - without
+
+        # Zero off the chosen tokens already (both losses take the same terms there);
+        # the product makes the zeros exact.
+        cotangent = jax.grad(option_part)(logprobs) * selected  # [B, L]
+        touched = jnp.any(selected > 0, axis=1)  # [B]
+        order = jnp.argsort(~touched, stable=True)  # the touched rows first
+        num_slices = -(-jnp.sum(touched) // row_multiple)
+
+        def add_slice(i, grads):
+            index = jax.lax.dynamic_slice_in_dim(order, i * row_multiple, row_multiple)
+            rows = {
+                k: layers.constrain(batch[k][index], ("batch", None))
+                for k in ("tokens", "attention_mask")
+            }
+            _, pullback = jax.vjp(
+                lambda p: logprobs_and_entropy(p, rows, frozen, with_entropy=False)[0], params
+            )
+            (slice_grads,) = pullback(cotangent[index])
+            return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads, slice_grads)
+
+        grads = jax.lax.fori_loop(0, num_slices, add_slice, grads)
+        return grads, num_slices * row_multiple
+
     def gradient(params, reference_params, batch, covariance_key=None, frozen=None):
         """(grads, metrics) of the loss of the batch, in num_microbatches slices."""
+        rows, length = batch["tokens"].shape
+
+        def with_passes(metrics, corrected_rows=0.0):
+            passes = train_passes(
+                loss_config,
+                num_microbatches=num_microbatches,
+                rows=rows,
+                length=length,
+                reference=reference_params is not None,
+                row_multiple=row_multiple,
+                corrected_rows=corrected_rows,
+            )
+            return {
+                **metrics,
+                "forward_passes": jnp.asarray(passes.forward, jnp.float32),
+                "backward_passes": jnp.asarray(passes.backward, jnp.float32),
+            }
+
         if num_microbatches == 1:
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
                 params, reference_params, batch, covariance_key, frozen
             )
-            return grads, metrics
-        m, rows = num_microbatches, batch["tokens"].shape[0]
+            return grads, with_passes(metrics)
+        m = num_microbatches
 
         def split(x):  # [B, ...] -> [M, B / M, ...], slice j = rows j, j + M, ...
             x = x.reshape(rows // m, m, *x.shape[1:]).swapaxes(0, 1)
@@ -116,12 +244,20 @@ def make_gradient_fn(
             return x.swapaxes(0, 1).reshape(rows, *x.shape[2:])
 
         whole_denominator = _loss_denominator(batch["loss_mask"], loss_config.aggregation)
-        if loss_config.covariance_option is not None:
+        how = covariance_pass(
+            loss_config,
+            num_microbatches=m,
+            rows=rows,
+            length=length,
+            row_multiple=row_multiple,
+        )
+        micro_config = plain_config if how == "correction" else loss_config
+        if how == "forward":
             # The tokens are ranked over the whole batch: its log-probs first, no gradient.
             logprobs = merge(
                 jax.lax.map(
                     lambda micro: jax.lax.stop_gradient(
-                        logprobs_and_entropy(params, micro, frozen)[0]
+                        logprobs_and_entropy(params, micro, frozen, with_entropy=False)[0]
                     ),
                     jax.tree.map(split, batch),
                 )
@@ -133,17 +269,25 @@ def make_gradient_fn(
 
         def accumulate(grads, micro):
             micro_grads, per_token = jax.grad(microbatch_loss_fn, has_aux=True)(
-                params, reference_params, micro, whole_denominator, frozen
+                params, reference_params, micro, whole_denominator, frozen, micro_config
             )
             grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads, micro_grads)
             return grads, per_token
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         grads, per_token = jax.lax.scan(accumulate, zeros, jax.tree.map(split, batch))
-        # Metrics of the whole batch (means, maxima, the ESS), as the single pass has them.
         logprobs, entropy, reference = jax.tree.map(merge, per_token)  # [B, L] each
+        corrected_rows = 0.0
+        if how == "correction":
+            # The tokens ranked on the log-probs the microbatches took, then their part.
+            selected = objectives.covariance_selection(
+                logprobs, batch["advantage"], batch["loss_mask"], loss_config, covariance_key
+            )
+            batch = {**batch, "covariance_selected": selected}
+            grads, corrected_rows = add_covariance_part(grads, params, batch, logprobs, frozen)
+        # Metrics of the whole batch (means, maxima, the ESS), as the single pass has them.
         _, metrics = batch_loss(logprobs, entropy, reference, batch)
-        return grads, metrics
+        return grads, with_passes(metrics, corrected_rows)
 
     return gradient
 

@@ -67,7 +67,8 @@ class LossConfig:
     or when its rollout is below the mean and the token less likely than the mean (an
     unlikely token of a bad rollout): the updates of both lower the entropy. With
     train.num_microbatches > 1 the tokens are picked over the whole batch, as in one pass
-    (`replax.rl.gradients` takes one extra forward pass for that).
+    (`replax.rl.gradients.covariance_pass`: a forward and backward of the few rows that
+    hold them after the microbatches, or a forward of the batch before them).
     cov_cut_frac: the gradient of the floor(frac x N) valid tokens of largest positive
       covariance is cut (N the batch's valid tokens), their loss value kept: a
       deterministic cut, with no band, not the paper's Clip-Cov.
@@ -254,24 +255,30 @@ def covariance_selection(logprobs, advantages, mask, config: LossConfig, key=Non
     if option is None:
         return jnp.zeros(logprobs.shape, jnp.float32)
     mask = (mask > 0).astype(jnp.float32)
-    num_valid = mask.sum()
+    count = covariance_count(config, mask.sum())
     cov = token_covariance(logprobs, advantages, mask)  # [B, L]
     if option == "cov_cut_frac":
         score = jnp.where((mask > 0) & (cov > 0), cov, -jnp.inf)
-        selected = _first_by_score(score, jnp.floor(config.cov_cut_frac * num_valid))
     elif option == "kl_cov_frac":
         score = jnp.where(mask > 0, cov, -jnp.inf)
-        count = jnp.maximum(jnp.floor(config.kl_cov_frac * num_valid), 1.0)
-        selected = _first_by_score(score, count)
     else:
         if key is None:
             raise ValueError("loss.clip_cov_ratio draws tokens at random: give covariance_key")
         in_band = (mask > 0) & (cov > config.clip_cov_low) & (cov < config.clip_cov_high)
         # Uniform scores in the band: the largest `count` are a uniform draw of that size.
         score = jnp.where(in_band, jax.random.uniform(key, cov.shape), -jnp.inf)
-        count = jnp.maximum(jnp.floor(config.clip_cov_ratio * num_valid), 1.0)
-        selected = _first_by_score(score, count)
-    return selected.astype(jnp.float32)
+    return _first_by_score(score, count).astype(jnp.float32)
+
+
+def covariance_count(config: LossConfig, num_valid):
+    """How many tokens config's covariance option acts on among num_valid valid tokens (at
+    most: fewer when fewer qualify): floor(frac x num_valid), and at least 1 for Clip-Cov
+    and KL-Cov (see LossConfig); 0 when no option is on."""
+    option = config.covariance_option
+    if option is None:
+        return jnp.zeros((), jnp.float32)
+    count = jnp.floor(getattr(config, option) * jnp.asarray(num_valid, jnp.float32))
+    return count if option == "cov_cut_frac" else jnp.maximum(count, 1.0)
 
 
 def policy_loss(

@@ -9,7 +9,8 @@ and S = rollout.sync_every:
   waits at t_g when generation g is not ready yet;
 - generation g decodes with the trainer's weights after v_g steps: the earliest multiple
   of S at or after max(t_g - L, t_{g-1}), and t_g when there is none before it. The
-  sampler takes new weights only then, in one transfer of the whole tree, so a fresh
+  sampler takes new weights only then, in one transfer (`weight_sync`: of the whole
+  tree, or with LoRA of the adapters once the base is there), so a fresh
   rollout is t_g - v_g <= L train steps behind the trainer (its policy lag), and one
   generation at most is in flight (it starts once the previous one has been consumed);
 - the prompts and the PRNG key of generation g are those colocated training would use at
@@ -29,13 +30,11 @@ import threading
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import numpy as np
 
 from replax.core import processes, sharding
-from replax.model import lora
-from replax.rl import rollouts
+from replax.rl import rollouts, weight_sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +124,8 @@ class DisjointRollouts:
         self.busy_s = 0.0  # seconds the sampler spent on generations (decode + scoring)
         self.sync_s = 0.0  # seconds of the last weight transfer
         self.sync_bytes = 0  # bytes it moved (with LoRA, after the first, the adapters')
-        # With LoRA: the frozen base on the sampler's devices, sent once.
-        self._sampler_base = None
+        # With LoRA the frozen base goes to the sampler's devices once (weight_sync).
+        self._sync = weight_sync.WeightSync(run.sampler, run.model_config)
         self.wait_s = 0.0  # seconds the trainer waited for the generation it consumed
         # generation -> (start, end) of its decode and scoring, time.time() seconds: two
         # clock reads a generation, so that overlap with training can be read off a run.
@@ -200,39 +199,11 @@ class DisjointRollouts:
             # The weights go to the sampler's devices now, before the next train step
             # donates the trainer's copy.
             sampler_params = jax.block_until_ready(self._sync(params))
-            self.sync_s = time.time() - start
+            self.sync_s, self.sync_bytes = time.time() - start, self._sync.bytes
             gen_key = jax.random.split(jax.random.fold_in(self.base_key, self.plan.added_at(g)), 3)
             prompts = rollouts.gather_prompts(self.run.sampler, next(prompt_iter), self._block)
             self._jobs.put(_Job(g, step, sampler_params, prompts, gen_key[0]))
             self._submitted = g
-
-    def _sync(self, params):
-        """The trainer's weights on the sampler's devices, in its layout. With LoRA the
-        base is frozen: it goes over once, and each later sync moves only the adapters."""
-        params = nn.unbox(params)
-        sampler = self.run.sampler
-        lora_on = lora.enabled(self.run.model_config)
-        single = all(
-            x.is_fully_addressable for x in jax.tree.leaves(params) if isinstance(x, jax.Array)
-        )
-        self.sync_bytes = _tree_bytes(params)
-        if not lora_on or not single:
-            return sampler.prepare_params(params)
-        if self._sampler_base is None:
-            if sampler.merges_adapters:  # the base kept as it is, merged at each sync
-                params = jax.device_put(params, sampler.params_shardings)
-                self._sampler_base = lora.partition(params, True)[1]
-                return sampler.prepare_params(params)
-            prepared = sampler.prepare_params(params)
-            self._sampler_base = lora.partition(prepared, True)[1]
-            return prepared
-        adapters = lora.partition(params, True)[0]
-        targets = lora.partition(sampler.params_shardings, True)[0]
-        self.sync_bytes = _tree_bytes(adapters)
-        moved = jax.device_put(adapters, targets)
-        if sampler.merges_adapters:
-            return sampler.prepare_params(lora.combine(moved, self._sampler_base))
-        return lora.combine(sampler.cast_params(moved), self._sampler_base)
 
     def _take(self, g):
         taken = self._finished(g)
@@ -308,10 +279,6 @@ class DisjointRollouts:
             completion={k: put(v) for k, v in fresh.completion.items()},
             rewards=put(fresh.rewards),
         )
-
-
-def _tree_bytes(tree) -> int:
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
 _ARRAYS = ("prompt_ids", "prompt_mask", "rewards", "lengths")

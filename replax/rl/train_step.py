@@ -272,6 +272,7 @@ def make_train_step(
             f"loss.name='m2po' masks tokens over the whole batch: it cannot be split into "
             f"train.num_microbatches={num_microbatches}"
         )
+    data_shards = sharding.data_parallel_size(mesh, rules)
     gradient = gradients.make_gradient_fn(
         model,
         loss_config,
@@ -279,8 +280,8 @@ def make_train_step(
         vocab_size=vocab_size,
         logits_chunk_size=logits_chunk_size,
         num_microbatches=num_microbatches,
+        row_multiple=data_shards,
     )
-    data_shards = sharding.data_parallel_size(mesh, rules)
     lora_on = _lora_on(model)
 
     def step(state: TrainState, batch):

@@ -6,6 +6,7 @@
 - `steps`: one step's phases: the fresh rollouts, add / sample / train, its record.
 - `warmstart`: the SFT warm start of a model that cannot yet earn rewards.
 - `checkpoint`: sealed orbax checkpoints of the train state and replay store.
+- `frozen_base`: with LoRA, the adapters in each checkpoint, the frozen base once.
 - `runtime`: workdir lock, resume checks, preemption (SIGTERM stops after a step).
 - `metrics`: metrics.jsonl, tensorboard and wandb, and the compute account.
 - `progress`: the progress bar and log lines.

@@ -305,13 +305,13 @@ def _warm_start(run: Run, data: Data, log, stop=None):
             for k, v in c.task.to_dict().items()
             if k != "data_dir" and (k, v) != ("long_prompts", "error")
         },
-        warmstart={k: v for k, v in dataclasses.asdict(c.warmstart).items() if k != "cache_dir"},
+        warmstart=c.warmstart.cache_fields(),
         seed=c.seed,
         rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
     )
     params, info = warmstart_lib.warm_start(
         model=model_lib.Transformer(base_config),
-        config=c.warmstart.config(),
+        config=c.warmstart.config(num_train=c.task.num_train),
         tokenizer=run.tokenizer,
         task=run.task,
         evaluator=data.evaluator,

@@ -205,6 +205,10 @@ class ComputeAccount:
     # Rollouts generated and trained on; with gen_s/train_s they give the measured mu.
     gen_rollouts: int = 0
     train_rollouts: int = 0
+    # The cost model's training part: each step's B rollouts times the step's FLOPs over a
+    # plain step's (one forward, one backward), so a step that runs more passes (a KL
+    # reference, a covariance option's in microbatches) costs more than B.
+    train_cost: float = 0.0
     # Train steps taken.
     steps: int = 0
 
@@ -216,3 +220,39 @@ class ComputeAccount:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> ComputeAccount:
+        """The account of a checkpoint; one saved before train_cost was kept resumes it
+        from train_rollouts, the cost it counted until then."""
+        return cls(**{"train_cost": float(saved.get("train_rollouts", 0)), **saved})
+
+
+# replax.rl.objectives.COVARIANCE_OPTIONS, named here so that reading runs does not import JAX.
+COVARIANCE_OPTIONS = ("cov_cut_frac", "clip_cov_ratio", "kl_cov_frac")
+
+
+def legacy_step_cost(config: dict[str, Any] | None) -> float:
+    """A step's FLOPs over a plain step's in a run from before metrics.jsonl kept
+    train_cost, from its config.json: the step then ran a forward and a backward of the
+    batch, one more forward with a KL reference (loss.kl_coef > 0), and one more with a
+    covariance option on in train.num_microbatches > 1 (to rank its tokens over the whole
+    batch). A backward costs two forwards."""
+    loss, train = (config or {}).get("loss", {}), (config or {}).get("train", {})
+    covariance = any(loss.get(k) for k in COVARIANCE_OPTIONS)
+    forward = (
+        1 + (loss.get("kl_coef", 0) > 0) + (covariance and train.get("num_microbatches", 1) > 1)
+    )
+    return (forward + 2.0) / 3.0
+
+
+def backfill_train_cost(records, config: dict[str, Any] | None):
+    """records with train_cost in each, from train_rollouts x `legacy_step_cost` of the
+    run's config where a record lacks it (a run from before it was kept)."""
+    factor = legacy_step_cost(config)
+    return [
+        r
+        if "train_cost" in r or "train_rollouts" not in r
+        else {**r, "train_cost": r["train_rollouts"] * factor}
+        for r in records
+    ]

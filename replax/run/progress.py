@@ -29,6 +29,7 @@ class _Pace:
         self.total = total
         self.first = None  # (time, step, gen_tokens, gen_s) at the end of the first step
         self.first_step_s = None
+        self.tokens_per_s = None  # the latest rate, for a display's "doing" line
 
     def update(self, now: float, step: int, gen_tokens: float, gen_s: float, started: float):
         """(tokens_per_s, seconds_left) after `step`; `started` is when the display began."""
@@ -38,6 +39,7 @@ class _Pace:
             return None, None
         t0, step0, tokens0, gen_s0 = self.first
         tokens_per_s = (gen_tokens - tokens0) / (gen_s - gen_s0) if gen_s > gen_s0 else None
+        self.tokens_per_s = tokens_per_s
         seconds_left = (now - t0) / (step - step0) * (self.total - step) if step > step0 else None
         return tokens_per_s, seconds_left
 
@@ -79,6 +81,7 @@ class ProgressBar(_Latest):
         self.enabled = enabled and stream.isatty()
         self.last_accuracy = None
         self.last_reward = 0.0
+        self._width = 0
         self._draw(start_step, "-", "compiling")
 
     def update(
@@ -96,6 +99,11 @@ class ProgressBar(_Latest):
         tokens_per_s, eta = self.pace.update(time.time(), step, gen_tokens, gen_s, self.t0)
         self._draw(step, _rate(tokens_per_s), "   -" if eta is None else f"{eta:4.0f}s")
 
+    def doing(self, step: int, what: str) -> None:
+        """Shows what the run is doing after `step` steps (the last step, an evaluation),
+        in place of the time left, until the next update."""
+        self._draw(step, _rate(self.pace.tokens_per_s), what)
+
     def _draw(self, step: int, rate: str, eta: str) -> None:
         width = 24
         filled = int(width * step / max(self.total, 1))
@@ -105,7 +113,9 @@ class ProgressBar(_Latest):
             f"{rate} tok/s ETA {eta}"
         )
         if self.enabled:
-            self.stream.write(line)
+            # Pad over a longer line drawn before (a "doing" text).
+            self.stream.write(line.ljust(self._width))
+            self._width = len(line)
             self.stream.flush()
 
     def close(self) -> None:
@@ -164,6 +174,16 @@ class ProgressLog(_Latest):
         )
         self.stream.flush()
 
+    def doing(self, step: int, what: str) -> None:
+        """A line saying what the run is doing after `step` steps, at the last step or when
+        a line is due, so that a long phase is never silent."""
+        now = self.clock()
+        due = self.printed_at is None or now - self.printed_at >= self.print_every_s
+        if due or step >= self.total - 1:
+            self.printed_at = now
+            self.stream.write(f"step {step}/{self.total}: {what}\n")
+            self.stream.flush()
+
     def close(self) -> None:
         pass
 
@@ -205,12 +225,19 @@ class NotebookBar(_Latest):
             self.bar.initial = self.bar.n = self.bar.last_print_n = n
             self.bar.refresh()
 
+    def doing(self, step: int, what: str) -> None:
+        del step
+        self.bar.set_postfix({"now": what}, refresh=True)
+
     def close(self) -> None:
         self.bar.close()
 
 
 class _Silent:
     def update(self, *args, **kwargs) -> None:
+        del args, kwargs
+
+    def doing(self, *args, **kwargs) -> None:
         del args, kwargs
 
     def close(self) -> None:

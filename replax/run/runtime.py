@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from replax.config.migration import migrate
-from replax.core import processes
+from replax.core import config_utils, processes
 from replax.core.config_utils import ConfigError
 
 # Exit status of a run stopped by SIGTERM / SIGINT after it checkpointed: run the same
@@ -128,16 +128,6 @@ class WorkdirLock:
         self.release()
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _resumable(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_KEYS)
 
@@ -154,11 +144,15 @@ def check_resume_config(workdir: str, config: dict[str, Any], has_checkpoint: bo
             stored = json.load(f)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is unreadable ({e}): move it away to resume") from None
-    current = _flatten(json.loads(json.dumps(config, default=list)))
+    current = config_utils.flatten(json.loads(json.dumps(config, default=list)))
     # A config.json from before a setting existed resumes under the setting's old value
     # (replax.config.migration); a setting the current config does not have either is no change.
-    written = _flatten(stored)
-    saved = {k: v for k, v in _flatten(migrate(stored)).items() if k in written or k in current}
+    written = config_utils.flatten(stored)
+    saved = {
+        k: v
+        for k, v in config_utils.flatten(migrate(stored)).items()
+        if k in written or k in current
+    }
     changed = sorted(
         key
         for key in set(saved) | set(current)

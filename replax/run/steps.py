@@ -91,7 +91,11 @@ def step_record(run: Run, loop, step_rollouts: StepRollouts, stats, step_metrics
     fresh, generated = step_rollouts.rollouts, step_rollouts.generated
     seconds = processes.from_process_zero(np.array([step_rollouts.gen_s, train_s]))
     gen_s, train_s = (float(t) for t in seconds)
-    account_step(account, run, fresh.lengths, gen_s, train_s, fresh.decoded_row_steps)
+    passes = flops_lib.TrainPasses(
+        forward=float(step_metrics["forward_passes"]),
+        backward=float(step_metrics["backward_passes"]),
+    )
+    account_step(account, run, fresh.lengths, gen_s, train_s, fresh.decoded_row_steps, passes)
     kept = int(stats["rollouts_kept"]) if generated else None
     schedule.observe(
         gen_s=gen_s if generated else None, train_s=train_s, stats=step_metrics, kept=kept
@@ -151,10 +155,14 @@ def account_step(
     gen_s,
     train_s,
     decoded_row_steps: int | None = None,
+    passes: flops_lib.TrainPasses | None = None,
 ) -> None:
     """Adds one step's generation (lengths int[R] of the completions, or None when the
     step generated nothing; decoded_row_steps: the row-steps the sampler decoded, None:
-    R x the longest, as the static sampler does) and training to the compute account."""
+    R x the longest, as the static sampler does) and training to the compute account;
+    passes: what the train step ran (its `forward_passes` and `backward_passes` metrics;
+    None: one forward and one backward)."""
+    passes = passes or flops_lib.TrainPasses()
     c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
     if lengths is not None:
         account.gen_tokens += int(lengths.sum())
@@ -163,7 +171,8 @@ def account_step(
             run.model_config, r, c.rollout.max_prompt_len, 0, run.seq_len
         ) + decoded * flops_lib.forward_flops_per_token(run.model_config, run.seq_len)
         account.gen_rollouts += r
-    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len)
+    account.train_flops += flops_lib.train_flops(run.model_config, b, run.seq_len, passes)
+    account.train_cost += b * passes.relative_cost
     account.gen_s += gen_s
     account.train_s += train_s
     account.train_rollouts += b

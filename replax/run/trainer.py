@@ -26,16 +26,13 @@ import ml_collections
 
 from replax.config import spec as spec_lib
 from replax.core import lost_host, processes
-from replax.core.config_utils import ConfigError
-from replax.hf import adapters
-from replax.model import lora
 from replax.replay import auto as auto_replay
 from replax.replay import schedules
 from replax.rl import placement
 from replax.rl import train_step as train_step_lib
 from replax.run import checkpoint as checkpoint_lib
+from replax.run import frozen_base, progress, runtime, steps
 from replax.run import metrics as metrics_lib
-from replax.run import progress, runtime, steps
 from replax.run.assemble import (
     Data,
     Run,
@@ -83,7 +80,8 @@ def train(
             if states is None:  # a new run (or none of its checkpoints was readable)
                 params = initial_params(run, data, log, stop)
                 states = (*init_states(run, params), new_loop_state(run))
-                states[2].lora_base = lora_base(run, states[0].params)
+                # With LoRA, the frozen base stored (or named) once, outside the steps.
+                states[2].lora_base = frozen_base.save_base(run, states[0].params)
             for line in progress.banner(run, states[0]):
                 log(line)
             summary = run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
@@ -110,7 +108,7 @@ class LoopState:
     # Disjoint placement: the generation in flight at the checkpoint, finished into it
     # (replax.rl.placement.DisjointRollouts.pending_state), until the loop takes it back.
     pending: dict[str, Any] | None = None
-    # With LoRA, the base the adapters belong to (`lora_base`); None without.
+    # With LoRA, the base the adapters belong to (`frozen_base.fingerprint`); None without.
     lora_base: dict[str, str] | None = None
 
     def state_dict(self, wall_s: float) -> dict[str, Any]:
@@ -130,52 +128,30 @@ def new_loop_state(run: Run) -> LoopState:
     return LoopState(0, metrics_lib.ComputeAccount(), None, 0.0, run.schedule)
 
 
-def lora_base(run: Run, params) -> dict[str, str] | None:
-    """With LoRA, the fingerprint of the base under the adapters: the model.checkpoint
-    directory's name and a hash of a few of its tensors, or for a random or warm-started
-    base the init and seed and a hash of the same tensors of params."""
-    if not lora.enabled(run.model_config):
-        return None
-    spec = run.spec
-    if spec.model.init == "checkpoint":
-        return adapters.fingerprint_of_checkpoint(spec.model.checkpoint)
-    return lora.fingerprint_of_params(params, f"{spec.model.init} seed {spec.seed}")
-
-
-def check_lora_base(run: Run, saved: dict[str, str] | None, params) -> dict[str, str] | None:
-    """The checkpoint's LoRA base, refused with one line when it is not this run's base
-    (a model.checkpoint directory whose weights changed since the adapters were saved)."""
-    if not lora.enabled(run.model_config):
-        return None
-    current = lora_base(run, params)
-    if saved is None or saved["sha256"] != current["sha256"]:
-        held = "no LoRA base" if saved is None else f"{saved['source']} ({saved['sha256'][:12]})"
-        raise ConfigError(
-            f"the checkpoint's adapters belong to {held}, not to the base of "
-            f"model.checkpoint={run.spec.model.checkpoint!r} "
-            f"({current['source']}, {current['sha256'][:12]}): use a new workdir"
-        )
-    return saved
-
-
 def restore(run: Run, checkpointer, prompt_iter, log=print, warn=print):
     """(train_state, replay_state, LoopState) of the newest sealed, intact checkpoint, the
     prompt iterator restored in place; None when there is none. `warn` gets a line for
     each checkpoint set aside on the way."""
-    train_state, replay_state = abstract_states(run)  # the structure and shardings to fill
+    abstract_train, replay_state = abstract_states(run)  # the structure and shardings to fill
     restored = checkpointer.restore_latest(
-        train_state=train_state, replay_state=replay_state, data_iterator=prompt_iter, log=warn
+        train_state=frozen_base.stored(run, abstract_train),
+        replay_state=replay_state,
+        data_iterator=prompt_iter,
+        log=warn,
     )
     if restored is None:
         return None
     train_state, replay_state, saved = restored
     loop = new_loop_state(run)
-    loop.lora_base = check_lora_base(run, saved.get("lora_base"), train_state.params)
+    # With LoRA the step holds the adapters: their base, checked, completes the params.
+    loop.lora_base = saved.get("lora_base")
+    base = frozen_base.load_base(run, loop.lora_base, abstract_train.params)
+    train_state = frozen_base.whole(run, train_state, base)
     if saved.get("auto_replay"):
         loop.schedule = auto_replay.AutoReplayController.from_state_dict(saved["auto_replay"])
     loop.step, loop.wall_s = saved["step"], saved["wall_s"]
     loop.base_accuracy = saved["base_accuracy"]
-    loop.account = metrics_lib.ComputeAccount(**saved["account"])
+    loop.account = metrics_lib.ComputeAccount.from_dict(saved["account"])
     loop.skipped_steps = saved.get("skipped_steps", 0)
     loop.reward_errors = saved.get("reward_errors", 0)
     if saved.get("pending"):
@@ -199,6 +175,7 @@ def run_loop(
     is requested: then it checkpoints the step it finished and raises runtime.Preempted."""
     c, evaluator, schedule, account = run.spec, data.evaluator, loop.schedule, loop.account
     if loop.base_accuracy is None:
+        log(f"evaluating the base policy on {len(evaluator.examples)} held-out prompts ...")
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
     writer, bar = _outputs(run, loop)
@@ -217,6 +194,8 @@ def run_loop(
         if spent():
             break  # a resumed run that had already spent its rollout budget
         t_step = time.time()
+        if step == c.total_steps - 1:
+            bar.doing(step, "last step")
         gen_key, sample_key, eval_key = step_keys(base_key, step)
         generated, max_age = schedule.should_generate(step), schedule.max_age()
         # Skipped steps did not advance the optimizer's count of updates.
@@ -245,6 +224,7 @@ def run_loop(
         lost_host.report("step", loop.step)
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
+            bar.doing(loop.step, f"evaluating on {len(evaluator.examples)} held-out prompts")
             eval_metrics, samples = evaluator.evaluate(train_state.params, eval_key)
             record.update(eval_metrics)
             writer.write_samples(loop.step, samples)
@@ -283,6 +263,7 @@ def run_loop(
         raise runtime.Preempted(stop.signal_name if stop else "preemption", loop.step)
     final = record.get("eval_accuracy")
     if final is None:
+        log(f"final evaluation on {len(evaluator.examples)} held-out prompts ...")
         final = evaluator.accuracy(train_state.params, jax.random.key(0))
     return {
         "base_accuracy": loop.base_accuracy,
@@ -352,7 +333,7 @@ def _checkpoint_if_due(
             loop_state["pending"] = {k: v for k, v in pending.items() if k != "arrays"}
         checkpointer.save(
             loop.step,
-            train_state=train_state,
+            train_state=frozen_base.stored(run, train_state),
             replay_state=replay_state,
             loop_state=loop_state,
             data_iterator=prompt_iter,

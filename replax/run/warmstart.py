@@ -132,7 +132,7 @@ def warm_start(
     t0 = time.time()
     sft_step = make_sft_step(model, optimizer, mesh, rules, shardings)
     data_rng = np.random.default_rng(seed)
-    pool = task.examples("train", 20_000, seed=seed)
+    pool = task.examples("train", config.num_examples, seed=seed)
     if skip_long_prompts:
         lengths = tokenizer_lib.prompt_lengths(tokenizer, [e.prompt for e in pool])
         pool = [e for e, n in zip(pool, lengths) if n <= max_prompt_len]

@@ -1,13 +1,15 @@
-"""Analysis of finished runs, from their metrics.jsonl alone (no config, no training).
+"""Analysis of finished runs, from their metrics.jsonl and config.json (no training).
 
 Reading a run back as a summary (final metrics, when it first reaches a target accuracy,
 its cost under the paper's model), medians and interquartile ranges over seeds with
 "never" as +inf, accuracy curves on a common grid, machine information and markdown
-tables. The paper's cost of a run up to a point is sum over steps of B + mu R =
-train_rollouts + mu gen_rollouts (cumulative counts in metrics.jsonl), in units of
-training on one rollout. The measured cost of a run is device-seconds, from its
-placement (`device_groups`, `device_seconds`); the paper's modelled compute ratio of an
-asynchronous system of W sampler and T trainer devices is `paper_compute_ratio`.
+tables. The paper's cost of a run up to a point is sum over steps of B + mu R, in units of
+training on one rollout: train_cost + mu gen_rollouts (cumulative in metrics.jsonl), where
+train_cost counts each step's B rollouts at the step's FLOPs over a plain step's (one
+forward, one backward), so that every pass a step runs is counted. The measured cost of
+a run is device-seconds, from its placement (`device_groups`, `device_seconds`); the
+paper's modelled compute ratio of an asynchronous system of W sampler and T trainer
+devices is `paper_compute_ratio`.
 Held-out entropy where a run first reaches an accuracy is `entropy_at`.
 """
 
@@ -47,9 +49,17 @@ def is_finished(workdir: str, total_steps: int, total_rollouts: int = 0) -> bool
     return record["step"] == total_steps or spent
 
 
+def train_cost(record: dict[str, Any]) -> float:
+    """The cost of the training up to a record, in rollouts trained in a plain step:
+    train_cost, or train_rollouts in a record without it
+    (`replax.run.metrics.backfill_train_cost`)."""
+    cost = record.get("train_cost")
+    return record["train_rollouts"] if cost is None else cost
+
+
 def modelled_cost(record: dict[str, Any], mu: float) -> float:
-    """The paper's cost up to a record: train_rollouts + mu gen_rollouts."""
-    return record["train_rollouts"] + mu * record["gen_rollouts"]
+    """The paper's cost up to a record: train_cost + mu gen_rollouts."""
+    return train_cost(record) + mu * record["gen_rollouts"]
 
 
 def eval_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -60,8 +70,8 @@ def first_reach(records, target: float, base_accuracy: float | None = None):
     """The record (or a zero-cost start when the base already reaches the target) at which
     held-out accuracy first reaches target; None if it never does."""
     if base_accuracy is not None and base_accuracy >= target - 1e-9:
-        zero = ("gen_tokens", "train_rollouts", "gen_rollouts", "wall_s", "gen_s", "train_s")
-        return {"step": 0, **dict.fromkeys(zero, 0)}
+        zero = ("gen_tokens", "train_rollouts", "train_cost", "gen_rollouts", "wall_s")
+        return {"step": 0, **dict.fromkeys((*zero, "gen_s", "train_s"), 0)}
     for r in eval_records(records):
         if r["eval_accuracy"] >= target - 1e-9:
             return r
@@ -185,6 +195,7 @@ def summarize_run(records, *, base_accuracy: float | None = None) -> dict[str, A
         "gen_s": last["gen_s"],
         "train_s": last["train_s"],
         "train_rollouts": last["train_rollouts"],
+        "train_cost": train_cost(last),
         "gen_rollouts": last["gen_rollouts"],
         "mu_measured": last.get("mu_measured"),
         "mu_measured_steady": steady_mu(records),
@@ -194,19 +205,21 @@ def summarize_run(records, *, base_accuracy: float | None = None) -> dict[str, A
 
 
 def to_target(records, target: float, mus: dict[str, float], base_accuracy=None, groups=None):
-    """Generated tokens, rollouts trained and generated, and modelled costs (one per named
-    mu) when the run first reaches target; inf for each when it never does. The two rollout
-    counts are the cost at every mu (train + mu gen), which a break-even mu needs. With
+    """Generated tokens, rollouts trained and generated, the training's cost (`train_cost`)
+    and modelled costs (one per named mu) when the run first reaches target; inf for each
+    when it never does. train_cost and gen_rollouts give the cost at every mu (train_cost +
+    mu gen), which a break-even mu needs. With
     `groups` (`device_groups`), also the measured costs there: wall_s_to_target,
     device_s_to_target and busy_device_s_to_target (`device_seconds`)."""
     measured = () if groups is None else ("wall_s", "device_s", "busy_device_s")
     counts = ("gen_tokens", "train_rollouts", "gen_rollouts")
     hit = first_reach(records, target, base_accuracy)
     if hit is None:
-        never = [*counts, *measured]
+        never = [*counts, "train_cost", *measured]
         return {**{f"{k}_to_target": math.inf for k in never}, **{k: math.inf for k in mus}}
     out = {
         **{f"{k}_to_target": hit[k] for k in counts},
+        "train_cost_to_target": train_cost(hit),
         **{k: modelled_cost(hit, mu) for k, mu in mus.items()},
     }
     if groups is not None:
@@ -225,8 +238,10 @@ def load_run_config(workdir: str) -> dict[str, Any] | None:
 
 
 def load_run(workdir: str) -> tuple[list[dict[str, Any]], float | None]:
-    """(metrics records, base accuracy or None) of a finished run."""
+    """(metrics records, base accuracy or None) of a finished run; records without
+    train_cost get it from the run's config.json (`backfill_train_cost`)."""
     records = metrics_lib.read_metrics(workdir)
+    records = metrics_lib.backfill_train_cost(records, load_run_config(workdir))
     base = None
     path = os.path.join(workdir, SUMMARY_FILE)
     if os.path.exists(path):

@@ -1,5 +1,6 @@
 """The rollout engine's decode step against its ideal HBM traffic, on a TPU slice's compiled
-programs: what `scripts/tpu_compile.py` reports as `engine_decode_traffic` (docs/tpu.md).
+programs: what `scripts/tpu_compile.py` reports as `engine_decode_traffic` (docs/tpu.md),
+and mu modelled from those programs' own bytes (`compiled_mu`).
 The bytes are counted from each program's optimised HLO (`replax.tools.hbm_traffic`),
 loops at their bounds, since the compiler's own `bytes accessed` counts a loop body once.
 """
@@ -12,9 +13,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from replax.model import flops as flops_lib
 from replax.run import assemble as run_lib
 from replax.sampling import lowering
-from replax.tools import hbm_traffic
+from replax.tools import hbm_traffic, tpu_targets
 
 # Asynchronous collective fusion splits a collective over several fusions that pass its
 # buffers through, which `hbm_traffic` cannot attribute; turned off for the byte count,
@@ -68,4 +70,48 @@ def engine_decode_traffic(run, programs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# MODELLED TIMES
+def compiled_mu(run, programs: Mapping[str, Any], traffic, chip: tpu_targets.Chip, chips: int):
+    """mu modelled from the compiled programs: each phase at the chip's peaks
+    (`tpu_targets.roofline_s`) on the HBM bytes its optimised HLO moves per device, loops
+    multiplied out (`hbm_traffic`; the sampler's collectives count as the bytes they move,
+    not as interconnect time), and on the FLOPs of the run's own accounting
+    (`replax.model.flops`). Generation: the engine's prefill program once, then
+    R x N / S decode steps at `traffic`'s bytes a step (the refill included): every slot
+    full, every completion at the length cap N, as the roofline's. Training: the train
+    step's program. A model of the compiled programs, not a measurement."""
+    spec, cfg = run.spec, run.sampler.model_config
+    devices = run.sampler.mesh.devices.size
+    per_device = tpu_targets.Chip(
+        chip.hbm_bytes,
+        chip.bf16_flops_per_s * chips / devices,
+        chip.hbm_bytes_per_s * chips / devices,
+    )
+    hbm = {}
+    for name in ("engine_prefill", "train_step"):
+        compiled = programs[name].lower().compile(compiler_options=TRAFFIC_OPTIONS)
+        hbm[name] = hbm_traffic.hbm_bytes(compiled.as_text())["total"]
+    c, r, b = spec.rollout, spec.rollouts_per_step, spec.train.batch_size
+    p, n, slots = c.max_prompt_len, c.max_new_tokens, traffic["slots"]
+    step_flops = slots * flops_lib.forward_flops_per_token(cfg, p + n / 2) / devices
+    decode_step_s = tpu_targets.roofline_s(step_flops, traffic["per_step_hbm_bytes"], per_device)
+    prefill_flops = c.prompts_per_step * p * flops_lib.forward_flops_per_token(cfg, p / 2)
+    prefill_s = tpu_targets.roofline_s(prefill_flops / devices, hbm["engine_prefill"], per_device)
+    decode_steps = r * n / slots
+    generation_s = prefill_s + decode_steps * decode_step_s
+    train_devices = run.mesh.devices.size
+    train_flops = flops_lib.train_flops(run.model_config, b, spec.seq_len) / train_devices
+    train_s = tpu_targets.roofline_s(train_flops, hbm["train_step"], per_device)
+    return {
+        "decode_step_s": decode_step_s,
+        "decode_steps": decode_steps,
+        "prefill_s": prefill_s,
+        "generation_s": generation_s,
+        "train_step_s": train_s,
+        "generation_s_per_rollout": generation_s / r,
+        "train_s_per_rollout": train_s / b,
+        "mu": (generation_s / r) / (train_s / b),
+        "prefill_hbm_bytes": hbm["engine_prefill"],
+        "train_step_hbm_bytes": hbm["train_step"],
+        "label": "modelled from the compiled programs' HBM bytes (loops multiplied out) at the "
+        "chip's peaks; slots full, completions at the cap; not measured",
+    }

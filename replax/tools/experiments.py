@@ -261,6 +261,7 @@ def evaluate_checkpoint(
     from replax.run import assemble as run_lib
     from replax.run import (
         checkpoint,  # imported late, as in ensure_run
+        frozen_base,
         trainer,
     )
 
@@ -274,7 +275,7 @@ def evaluate_checkpoint(
         run = run_lib.build(spec, workdir)
         data = run_lib.prepare_data(run)
         train_state, _ = run_lib.abstract_states(run)  # the structure to restore into
-        state = checkpointer.restore_train_state(step, train_state=train_state)
+        state = frozen_base.restore_train_state(run, checkpointer, step, train_state)
     finally:
         checkpointer.close()
     rng = trainer.eval_key(spec.seed, step) if key is None else jax.random.key(key)

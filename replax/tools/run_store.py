@@ -20,6 +20,7 @@ import shutil
 from typing import Any
 
 from replax.config import migration
+from replax.core import config_utils
 from replax.tools import analysis
 
 # What a run is rebuilt from: its records, settings, summary (base accuracy) and the
@@ -46,22 +47,12 @@ MACHINE_KEYS = (
 )
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def settings(config: dict[str, Any]) -> dict[str, Any]:
     """The flat settings that make a run what it is: a config (a plain dict, as config.json
     holds it) brought up to date (replax.config.migration: a run written before a setting
     existed ran with its old value) without MACHINE_KEYS; tuples as lists, as JSON has."""
     plain = json.loads(json.dumps(config, default=list))
-    flat = flatten(migration.migrate(plain))
+    flat = config_utils.flatten(migration.migrate(plain))
     return {k: v for k, v in flat.items() if not any(fnmatch.fnmatch(k, p) for p in MACHINE_KEYS)}
 
 

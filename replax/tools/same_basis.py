@@ -5,10 +5,10 @@ tokens (modelled cost) at its first reach of the target by on-policy's for its w
 When on-policy reaches the target before its run ends, that flatters replay: the two sides
 are measured at different points. The ratios here divide by on-policy's own first reach.
 
-The paper's cost to a point is linear in mu on each side, C(mu) = T + mu G, with T the
-rollouts trained and G the rollouts generated up to the first reach. Two such lines cross at
-most once, so one `break_even_mu` and a `break_even_mu_direction` (on which side of it the
-candidate costs less) describe every mu.
+The paper's cost to a point is linear in mu on each side, C(mu) = T + mu G, T the training's
+cost (`train_cost_to_target`) and G the rollouts generated up to the first reach. Two such
+lines cross at most once, so one `break_even_mu` and a `break_even_mu_direction` (on which
+side of it the candidate costs less) describe every mu.
 
 A run that never reaches the target costs +inf at every mu (FIRST_REACH_RULE says how that
 enters medians, ratios and the break-even). Studies whose runs were not kept get these
@@ -112,10 +112,12 @@ def ratios(candidate: dict[str, Any], reference: dict[str, Any], seed: int | Non
     def get(variant, key):
         return _value(variant, key, seed)
 
+    # T: the training's cost; a compare.json from before it was kept has rollouts trained.
+    train = next(k for k in ("train_cost_to_target", "train_rollouts_to_target") if k in reference)
     mu, direction = break_even_mu(
-        get(candidate, "train_rollouts_to_target"),
+        get(candidate, train),
         get(candidate, "gen_rollouts_to_target"),
-        get(reference, "train_rollouts_to_target"),
+        get(reference, train),
         get(reference, "gen_rollouts_to_target"),
     )
     return {

@@ -58,6 +58,8 @@ def transfer_spec(
     length = max_prompt_len + max_new_tokens
     config["model"]["max_len"] = max(config["model"].get("max_len", 0), length)
     config["eval"].update(num_prompts=num_prompts, pass_k=0, pass_k_prompts=0, num_samples=0)
+    # It never warm-starts (the run's checkpoint or base is evaluated): no pool to size.
+    config["warmstart"]["num_examples"] = 0
     return spec_lib.parse(config)
 
 

@@ -2,7 +2,9 @@
 matmul rate and memory bandwidth probed around each measurement."""
 
 import functools
+import os
 import statistics
+import subprocess
 import time
 
 PROMPT_LEN = 16
@@ -84,3 +86,27 @@ def bench_machine(repeats: int) -> dict:
     for _ in range(repeats):
         probe()
     return machine_numbers()
+
+
+def commit() -> str:
+    """The checkout's HEAD, so that a result names the code that made it ("unknown" outside
+    a git checkout)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True)
+    except OSError:
+        return "unknown"
+    return out.stdout.decode().strip() or "unknown"
+
+
+def bisect_stop_bias(median_length, target: float, low: float, high: float, iterations: int):
+    """The stop token's logit bias whose median completion length is `target`: bisection
+    on median_length(bias), which falls as the bias rises (long-tailed lengths for the
+    samplers' benchmarks without a trained model)."""
+    for _ in range(iterations):
+        bias = (low + high) / 2
+        if median_length(bias) > target:
+            low = bias
+        else:
+            high = bias
+    return (low + high) / 2

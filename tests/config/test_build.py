@@ -267,3 +267,42 @@ def test_engine_slots_past_the_devices_memory_are_refused_with_what_fits():
         validation.validate_engine_cache(spec, mcfg, (1, 1, 1), 1, bytes_limit=8 * per_slot - 1)
     assert str(error.value).startswith("rollout.slots=8: its KV cache needs")
     assert "allowed are at most 7 slots" in str(error.value)
+
+
+def test_split_sizes_of_a_file_name_the_key_and_a_value_that_fits():
+    check, source = configuration.check_split_sizes, "task.data_path='my.jsonl'"
+    spec = spec_lib.parse(config(**{"eval.num_prompts": 64, "warmstart.num_examples": 0}))
+    # 30 held-out records over 8 data shards: 24 of them can be evaluated.
+    with pytest.raises(ConfigError) as error:
+        check(spec, {"train": 270, "test": 30}, 8, source)
+    assert str(error.value) == (
+        "eval.num_prompts=64 is more than the 30 held-out examples of task.data_path="
+        "'my.jsonl': set eval.num_prompts=24 (or less, a multiple of the 8 data shards)"
+    )
+    with pytest.raises(ConfigError, match="8 data shards need at least 8: give the task more"):
+        check(spec, {"test": 5}, 8, source)
+    check(spec, {"train": 270, "test": 64}, 8, source)
+    check(spec, {"train": 270}, 8, source)  # a test split given by count is not measured
+    pool = spec_lib.parse(config(**{"warmstart.num_examples": 20_000}))
+    with pytest.raises(ConfigError) as error:
+        check(pool, {"train": 270}, 8, source)
+    assert str(error.value).endswith("set warmstart.num_examples to 270 or less (0: all of them)")
+    check(spec_lib.parse(config(**{"model.init": "random"})), {"train": 270}, 8, source)
+    with pytest.raises(ConfigError, match="set rollout.prompts_per_step to 1 or less"):
+        check(spec, {"train": 1}, 8, source)
+
+
+def test_the_jsonl_config_checks_its_sizes_against_the_file(tmp_path):
+    data = tmp_path / "my_data.jsonl"
+    data.write_text("".join(f'{{"prompt": "{i}+{i}=", "answer": "{2 * i}"}}\n' for i in range(300)))
+    c = experiments.load_config(os.path.join(ROOT, "configs", "jsonl.py"))
+    experiments.set_value(c, "task.data_path", str(data))
+    built = configuration.validate(c)  # the file's defaults fit a few hundred records
+    test = len(built.task.examples("test", 0))
+    experiments.set_value(c, "eval.num_prompts", 64)
+    with pytest.raises(ConfigError) as error:
+        configuration.validate(c)
+    assert str(error.value).startswith(
+        f"eval.num_prompts=64 is more than the {test} held-out examples of task.data_path="
+        f"{str(data)!r}: set eval.num_prompts={test // 8 * 8} "
+    )

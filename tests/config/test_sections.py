@@ -250,6 +250,19 @@ def test_a_number_just_inside_its_range_is_taken_and_just_outside_is_named(
     assert bound in message, message
 
 
+def test_warmstart_pool_of_zero_is_the_train_split_and_old_bases_keep_their_key():
+    assert build("warmstart", num_examples=0).config(num_train=500).num_examples == 500
+    assert build("warmstart", num_examples=0).config().num_examples == 0  # a file: all
+    assert build("warmstart", num_examples=300).config(num_train=500).num_examples == 300
+    # configs/arith.py's 20,000 is what every base drew from before the key: its cache
+    # key is the one it had then.
+    before = {k: v for k, v in keys("warmstart").items() if k not in ("cache_dir", "num_examples")}
+    assert build("warmstart").cache_fields() == before
+    assert build("warmstart", num_examples=0).cache_fields() == {**before, "num_examples": 0}
+    message = raises_one_line("warmstart", num_examples=-1)
+    assert message.startswith("warmstart.num_examples=-1: must be an integer >= 0"), message
+
+
 def test_warmstart_accuracies_are_ordered_within_zero_and_one():
     for low, high in ((0.0, 0.0), (0.2, 0.2), (0.1, 0.9), (0.0, 1.0), (1.0, 1.0)):
         config = sections.WarmStartConfig(min_accuracy=low, max_accuracy=high)
@@ -289,9 +302,13 @@ def test_model_init_and_checkpoint_go_together(tmp_path):
     message = raises_one_line("model", checkpoint=str(tmp_path))  # init stays 'warmstart'
     assert message.startswith("model.init='warmstart' with model.checkpoint=")
     missing = str(tmp_path / "nowhere")
-    assert raises_one_line("model", init="checkpoint", checkpoint=missing).endswith(
-        "no such directory"
-    )
+    message = raises_one_line("model", init="checkpoint", checkpoint=missing)
+    assert "no such directory" in message
+    # ... and points to the page that builds the shipped real-model config's directory.
+    page, anchor = message.split("docs/")[1].split()[0].split("#")
+    with open(os.path.join(ROOT, "docs", page)) as f:
+        headings = f.read().splitlines()
+    assert f"## {anchor.replace('-', ' ')}" in [h.lower() for h in headings]
     gguf = tmp_path / "model.bin"
     gguf.write_bytes(b"GGUF" + bytes(12))  # a GGUF file by its magic bytes, whatever its name
     assert "is a GGUF file" in raises_one_line("model", init="checkpoint", checkpoint=str(gguf))

@@ -146,3 +146,15 @@ def test_default_workdir_is_runs_and_the_config_name():
     assert default_workdir(gsm8k + ":qwen3-0.6b,pod", ROOT) == os.path.join(
         runs, "gsm8k-qwen3-0.6b-pod"
     )
+
+
+def test_flatten_gives_each_leaf_its_dotted_key():
+    from replax.core import config_utils
+
+    tree = {"seed": 0, "rollout": {"group_size": 8, "sampling": {"top_p": 0.9}}, "tags": [1]}
+    assert config_utils.flatten(tree) == {
+        "seed": 0,
+        "rollout.group_size": 8,
+        "rollout.sampling.top_p": 0.9,
+        "tags": [1],
+    }

@@ -39,3 +39,16 @@ def test_train_and_generate_flops_from_the_forward():
     per_token = flops.forward_flops_per_token
     assert flops.train_flops(TINY, 8, 24) == 3 * 8 * 24 * per_token(TINY, 24)
     assert flops.generate_flops(TINY, 8, 10, 6, 32) == 8 * (10 + 6) * per_token(TINY, 32)
+
+
+def test_train_flops_count_every_pass():
+    """A step's passes in whole batches, a backward at two forwards: a KL reference's and a
+    covariance option's extra forward make 5 forwards' FLOPs; a forward and backward of a
+    quarter of the rows more cost 1.25 plain steps."""
+    per_pass = 8 * 24 * flops.forward_flops_per_token(TINY, 24)
+    two_more = flops.TrainPasses(forward=3.0, backward=1.0)
+    assert flops.train_flops(TINY, 8, 24, two_more) == 5 * per_pass
+    assert two_more.relative_cost == 5 / 3
+    quarter_more = flops.TrainPasses(forward=1.25, backward=1.25)
+    assert flops.train_flops(TINY, 8, 24, quarter_more) == 3.75 * per_pass
+    assert quarter_more.relative_cost == 1.25 and flops.TrainPasses().relative_cost == 1.0

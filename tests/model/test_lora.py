@@ -367,7 +367,7 @@ def _check_exports(workdir, tmp_path, base_dir):
     from replax.config import spec as spec_lib
     from replax.hf import checkpoint as hf
     from replax.run import assemble as run_lib
-    from replax.run import checkpoint
+    from replax.run import checkpoint, frozen_base
 
     adapter, merged = str(tmp_path / "adapter"), str(tmp_path / "merged")
     for out, extra in ((adapter, ["--adapter_only"]), (merged, [])):
@@ -380,7 +380,8 @@ def _check_exports(workdir, tmp_path, base_dir):
     with open(f"{workdir}/config.json") as f:
         run = run_lib.build(spec_lib.parse(json.load(f)), workdir)
     reader = checkpoint.Checkpointer(f"{workdir}/checkpoints")
-    state = reader.restore_train_state(2, train_state=run_lib.abstract_states(run)[0])
+    abstract = run_lib.abstract_states(run)[0]
+    state = frozen_base.restore_train_state(run, reader, 2, abstract)
     reader.close()
     config, params = hf.load_pretrained(merged, max_len=run.model_config.max_len)
     assert config.lora_rank == 0 and not lora.has_adapters(params)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import TINY, numpy_params
 
+from replax.model import flops
 from replax.model import transformer as model_lib
 from replax.rl import gradients, objectives
 
@@ -219,3 +220,91 @@ def test_padding_and_positions_outside_the_loss_change_nothing(params):
     grads, metrics = gradient_fn()(policy, reference, moved)
     assert abs(float(metrics["loss"]) - float(expected[1]["loss"])) > 1e-6
     assert not np.allclose(grads["embedding"], expected[0]["embedding"], atol=1e-6)
+
+
+# ---------------------------------------------------------------- covariance options' passes
+
+
+def without_passes(result):
+    grads, metrics = result
+    return grads, {k: v for k, v in metrics.items() if not k.endswith("_passes")}
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        objectives.LossConfig(name="ppo", kl_cov_frac=0.02, kl_cov_coef=5.0),
+        objectives.LossConfig(name="ppo", cov_cut_frac=0.035, aggregation="sequence_mean"),
+        # A band wide enough for the test batch's small covariances.
+        objectives.LossConfig(
+            name="tis", clip_cov_ratio=0.001, clip_cov_low=0.0, clip_cov_high=100.0
+        ),
+    ],
+    ids=["kl_cov", "cov_cut", "clip_cov"],
+)
+def test_microbatches_add_the_covariance_part_afterwards(params, loss):
+    """With few tokens to choose (one of the 32 valid here, at most one of the 48 any batch
+    of 4 x 12 can hold) the microbatches take the loss without the option, and a forward
+    and backward of the one row that holds the chosen token adds the option's part: the
+    single pass's gradient and metrics, and a quarter of the batch more in each direction."""
+    policy, _ = params
+    batch = make_batch(6, completion_lengths=(8, 8, 8, 8))
+    batch["behaviour_logprobs"] = near_policy(policy, batch)
+    how = gradients.covariance_pass(loss, num_microbatches=2, rows=BATCH, length=LENGTH)
+    assert how == "correction"
+    key = jax.random.key(3)
+    one = gradient_fn(loss)(policy, None, batch, key)
+    split = gradient_fn(loss, num_microbatches=2)(policy, None, batch, key)
+    option = loss.covariance_option
+    assert float(one[1][option]) == 1 / 32  # the option acted on one token
+    assert_same(without_passes(split), without_passes(one), rtol=1e-4, atol=1e-5)
+    assert (float(one[1]["forward_passes"]), float(one[1]["backward_passes"])) == (1.0, 1.0)
+    assert (float(split[1]["forward_passes"]), float(split[1]["backward_passes"])) == (1.25, 1.25)
+
+
+def matmul_flops(jaxpr, while_trips: int) -> float:
+    """The FLOPs of a jaxpr's dot_generals, a scan's body counted `length` times and a while
+    loop's body while_trips times (the loop's bound is known only when it runs)."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            out = eqn.outvars[0].aval.shape
+            total += 2.0 * np.prod(out) * np.prod([lhs[d] for d in contracting])
+            continue
+        times = {"scan": eqn.params.get("length"), "while": while_trips}.get(eqn.primitive.name)
+        for name, value in eqn.params.items():
+            if name == "cond_jaxpr":
+                continue
+            for sub in value if isinstance(value, tuple) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's own
+                if isinstance(sub, jax.extend.core.Jaxpr):
+                    total += (times or 1) * matmul_flops(sub, while_trips)
+    return total
+
+
+def test_the_counted_passes_are_the_matmuls_the_step_runs(params):
+    """flops.train_flops of train_passes against the matmul FLOPs in the gradient's own
+    program (loops multiplied out): the plain loss in 2 microbatches (3 forwards' worth),
+    KL-Cov ranking a fifth of the tokens first (a whole forward more: 4), KL-Cov ranking one
+    token afterwards (a forward and backward of its row, 1 of 4, more: 3.75)."""
+    policy, _ = params
+    batch = make_batch(7, completion_lengths=(8, 8, 8, 8))
+    cases = {
+        "plain": (objectives.LossConfig(name="ppo"), 0, 3.0),
+        "forward": (objectives.LossConfig(name="ppo", kl_cov_frac=0.2), 0, 4.0),
+        "correction": (objectives.LossConfig(name="ppo", kl_cov_frac=0.02), 1, 3.75),
+    }
+    per_pass = BATCH * LENGTH * flops.forward_flops_per_token(TINY, LENGTH)
+    for name, (loss, trips, forwards) in cases.items():
+        gradient = gradients.make_gradient_fn(
+            MODEL, loss, temperature=TEMPERATURE, vocab_size=VOCAB, num_microbatches=2
+        )
+        program = jax.make_jaxpr(gradient)(policy, None, batch, None)
+        passes = gradients.train_passes(
+            loss, num_microbatches=2, rows=BATCH, length=LENGTH, corrected_rows=trips
+        )
+        counted = flops.train_flops(TINY, BATCH, LENGTH, passes)
+        assert counted == forwards * per_pass, name
+        np.testing.assert_allclose(matmul_flops(program.jaxpr, trips), counted, err_msg=name)

@@ -164,8 +164,32 @@ def test_account_round_trips_through_json():
     account = metrics.ComputeAccount(
         gen_tokens=100, gen_flops=2e9, train_flops=6e9, gen_s=1.5, train_s=0.5, steps=3
     )
-    restored = metrics.ComputeAccount(**json.loads(json.dumps(account.as_dict())))
+    restored = metrics.ComputeAccount.from_dict(json.loads(json.dumps(account.as_dict())))
     assert restored == account
+
+
+def test_an_account_saved_before_train_cost_resumes_it_from_the_rollouts():
+    saved = {"train_rollouts": 96, "train_flops": 6e9, "steps": 3}  # no train_cost key
+    assert metrics.ComputeAccount.from_dict(saved).train_cost == 96.0
+
+
+def test_records_from_before_train_cost_get_it_from_their_config():
+    """Such a run's step with a covariance option in microbatches ran a forward more (4/3
+    a plain step), with a KL reference as well another (5/3); neither, or the option in one
+    pass, none (1). Records that have train_cost keep it."""
+    from replax.rl import objectives
+
+    assert metrics.COVARIANCE_OPTIONS == objectives.COVARIANCE_OPTIONS
+    klcov = {"loss": {"kl_cov_frac": 0.002, "kl_coef": 0.0}, "train": {"num_microbatches": 4}}
+    both = {"loss": {"cov_cut_frac": 0.2, "kl_coef": 0.1}, "train": {"num_microbatches": 2}}
+    one_pass = {"loss": {"kl_cov_frac": 0.002}, "train": {"num_microbatches": 1}}
+    assert metrics.legacy_step_cost(klcov) == pytest.approx(4 / 3)
+    assert metrics.legacy_step_cost(both) == pytest.approx(5 / 3)
+    assert metrics.legacy_step_cost(one_pass) == metrics.legacy_step_cost(None) == 1.0
+    records = [{"step": s, "train_rollouts": 8 * s} for s in (1, 2, 3)]
+    filled = metrics.backfill_train_cost(records, klcov)
+    assert [r["train_cost"] for r in filled] == pytest.approx([32 / 3, 64 / 3, 32])
+    assert metrics.backfill_train_cost(filled, both) == filled  # kept: left alone
 
 
 def test_a_last_line_cut_short_by_a_kill_is_dropped(tmp_path):

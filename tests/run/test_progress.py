@@ -33,8 +33,9 @@ def test_progress_bar_draws_one_line_on_a_terminal(monkeypatch):
     clock[0] += 300.0  # step 1, compiling, 300 s: no pace yet
     bar.update(1, reward=0.25, gen_tokens=100, gen_s=250.0, accuracy=0.5)
     first = stream.getvalue()
+    # Padded with spaces over the longer line before it ("ETA compiling").
     assert first == (
-        "\r[##......................] step 1/12 reward 0.250 acc  50.0% - tok/s ETA    -"
+        "\r[##......................] step 1/12 reward 0.250 acc  50.0% - tok/s ETA    -    "
     )
     clock[0] += 25.0  # 5 more steps in 25 s, 2,468 tokens in 2 s of generation: 30 s to go
     bar.update(6, reward=0.5, gen_tokens=2568, gen_s=252.0)  # no evaluation: 50% stays
@@ -95,6 +96,39 @@ def test_log_lines_come_at_the_first_step_then_at_most_every_print_every_s_and_a
         "step 5/10 reward 0.250 acc 30.0% 100 tok/s 1m15s left",
         "step 10/10 reward 1.000 acc 30.0% 100 tok/s 0s left",
     ]
+
+
+def test_the_last_step_and_an_evaluation_say_what_runs_instead_of_a_stale_time_left(
+    monkeypatch,
+):
+    # Off a terminal: the last step and its evaluation each get a line, even when no line
+    # is due; an evaluation mid-run gets one only when a line is due.
+    clock, stream = Clock(), io.StringIO()
+    log = progress.ProgressLog(4, print_every_s=60, stream=stream, clock=clock)
+    clock.now += 20
+    log.update(1, reward=0.5, gen_tokens=100, gen_s=15.0)
+    clock.now += 5
+    log.doing(1, "evaluating on 16 held-out prompts")  # 5 s after a line: not due
+    log.update(2, reward=0.5, gen_tokens=200, gen_s=16.0)
+    log.doing(3, "last step")
+    log.update(3, reward=0.5, gen_tokens=300, gen_s=17.0)
+    log.doing(4, "evaluating on 16 held-out prompts")
+    assert stream.getvalue().splitlines()[1:] == [
+        "step 3/4: last step",
+        "step 4/4: evaluating on 16 held-out prompts",
+    ]
+    # On a terminal the bar shows it in place of the time left, padded over the last line.
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "time", lambda: clock[0])
+    terminal = TerminalStream()
+    bar = progress.ProgressBar(2, stream=terminal)
+    clock[0] += 10
+    bar.update(1, 0.5, 100, 5.0)
+    bar.doing(1, "last step")
+    drawn = terminal.getvalue().split("\r")[-1]
+    assert drawn.startswith("[############............] step 1/2 ") and "ETA last step" in drawn
+    bar.update(2, 0.5, 200, 6.0)
+    assert len(terminal.getvalue().split("\r")[-1]) >= len(drawn)
 
 
 def test_log_lines_leave_the_compiling_first_step_out_of_the_rate_and_the_time_left():

@@ -5,6 +5,7 @@ in tests/run/test_trainer.py and tests/rl/test_placement.py)."""
 import types
 
 import numpy as np
+import pytest
 from conftest import TINY
 
 from replax.model import flops as flops_lib
@@ -57,18 +58,34 @@ def test_a_generating_step_counts_its_tokens_flops_and_seconds():
     want = flops_lib.generate_flops(TINY, 4, 6, 10, 16)
     assert account.gen_flops == want and account.steps == 2
     assert account.train_flops == 2 * flops_lib.train_flops(TINY, 8, 16)
+    assert account.train_cost == 16.0
     assert account.mu_measured() == (2.0 / 4) / (1.0 / 16)
+
+
+def test_a_step_with_more_passes_costs_more():
+    """A step that also ran a whole forward (a KL reference's) and a forward and backward
+    of a quarter of the batch counts their FLOPs, and its 8 rollouts cost 8 x (2.25 + 2.5)
+    / 3 = 12.67 rollouts trained in a plain step."""
+    run, account = _run(), metrics_lib.ComputeAccount()
+    passes = flops_lib.TrainPasses(forward=2.25, backward=1.25)
+    steps.account_step(account, run, None, 0.0, 0.5, passes=passes)
+    assert account.train_flops == pytest.approx(4.75 / 3 * flops_lib.train_flops(TINY, 8, 16))
+    assert account.train_cost == pytest.approx(8 * 4.75 / 3) and account.train_rollouts == 8
 
 
 def test_the_record_tells_the_schedule_what_the_step_took():
     run, loop = _run(), _loop()
     stats = {"rollouts_kept": 3, "rollout_entropy": np.float32(0.75)}
-    record = steps.step_record(run, loop, _fresh([1, 2, 3, 4]), stats, {"loss": 0.1}, 0.5, 0.0)
-    assert loop.schedule.seen == [{"gen_s": 2.0, "train_s": 0.5, "stats": {"loss": 0.1}, "kept": 3}]
+    step_metrics = {"loss": 0.1, "forward_passes": 2.0, "backward_passes": 1.0}
+    record = steps.step_record(run, loop, _fresh([1, 2, 3, 4]), stats, step_metrics, 0.5, 0.0)
+    assert loop.schedule.seen == [{"gen_s": 2.0, "train_s": 0.5, "stats": step_metrics, "kept": 3}]
+    # The step's passes, from its metrics: a forward more than a plain step's.
+    assert loop.account.train_cost == pytest.approx(8 * 4 / 3)
     assert record["gen_tokens_per_s"] == 10 / 2.0 and record["rollout_entropy"] == 0.75
     assert record["reward_mean"] == 0.5 and record["schedule_metric"] == 1
     idle = steps.StepRollouts(steps.nothing_generated(run), generated=False, gen_s=0.0)
-    record = steps.step_record(run, loop, idle, stats, {"loss": 0.2}, 0.5, 0.0)
+    step_metrics = {"loss": 0.2, "forward_passes": 1.0, "backward_passes": 1.0}
+    record = steps.step_record(run, loop, idle, stats, step_metrics, 0.5, 0.0)
     assert loop.schedule.seen[-1]["gen_s"] is None and loop.schedule.seen[-1]["kept"] is None
     assert record["gen_tokens_per_s"] is None and record["rollout_entropy"] is None
 

@@ -2,6 +2,8 @@
 
 import json
 import os
+import random
+import re
 import subprocess
 import sys
 
@@ -357,9 +359,72 @@ def test_a_jsonl_task_with_a_reward_file_trains_and_counts_reward_errors(tmp_pat
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
 
 
+# The README's own-prompts command, cut to a policy of 0.1M parameters and 60 steps. R = 8 x 8
+# rollouts a step at lr 3e-4: with 2 x 8 at 1e-4 a few dozen steps leave the held-out
+# accuracy where the warm start left it.
+README_JSONL_SHRUNK = [
+    "--config.model.num_layers=2",
+    "--config.model.d_model=64",
+    "--config.model.num_heads=2",
+    "--config.model.num_kv_heads=1",
+    "--config.model.head_dim=32",
+    "--config.model.mlp_dim=128",
+    "--config.warmstart.eval_every=10",
+    "--config.rollout.prompts_per_step=8",
+    "--config.optimizer.learning_rate=3e-4",
+    "--config.replay.capacity=256",
+    "--config.total_steps=60",
+    "--config.eval.every=20",
+    "--config.eval.num_prompts=24",
+    "--config.eval.pass_k_prompts=8",
+    "--config.checkpoint_every=60",
+]
+
+
+def test_the_readme_own_prompts_command_on_300_lines_gains(tmp_path):
+    # 300 records a byte-level policy learns from so few: "417=" -> "417". The warm start
+    # draws its demonstrations from the file's 270-odd train records (nothing asked of
+    # the 20,000 the embedded task's warm start takes) and stops in its window; RL on
+    # the same records then raises the held-out accuracy.
+    rng = random.Random(1)
+    data = tmp_path / "my_data.jsonl"
+    with open(data, "w") as f:
+        for _ in range(300):
+            digits = str(rng.randint(100, 999))
+            f.write(json.dumps({"prompt": f"{digits}=", "answer": digits}) + "\n")
+    (tmp_path / "my_reward.py").write_text(
+        "def reward(prompt, completion, answer):\n    return float(completion.strip() == answer)\n"
+    )
+    workdir = tmp_path / "runs" / "mine"
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "train.py"),
+        f"--config={os.path.join(ROOT, 'configs', 'jsonl.py')}",
+        f"--workdir={workdir}",
+        "--config.task.data_path=my_data.jsonl",
+        "--config.task.reward=my_reward.py:reward",
+        *README_JSONL_SHRUNK,
+    ]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    base, final = map(
+        float, re.search(r"accuracy ([\d.]+) -> final ([\d.]+)", proc.stdout).groups()
+    )
+    assert 0.30 <= base <= 0.40, proc.stdout[-2000:]  # the warm start's window
+    evals = [r["eval_accuracy"] for r in read(str(workdir)) if "eval_accuracy" in r]
+    assert len(evals) == 3 and round(evals[-1], 3) == final
+    # On this machine 0.333 -> 0.375 -> 0.458; one held-out prompt is 0.042.
+    assert final >= base + 0.08, (base, evals)
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
+        (["--config.eval.num_prompts=64"], "eval.num_prompts=64 is more than the "),
+        (
+            ["--config.model.init=warmstart", "--config.warmstart.num_examples=20000"],
+            "warmstart.num_examples=20000 is more than the ",
+        ),
         (["--config.task.data_path=/no/such.jsonl"], "task.data_path='/no/such.jsonl': no such"),
         (["--config.task.reward=no_colon"], "task.reward='no_colon': allowed are"),
         (["--config.task.reward={reward}:nothing"], "task.reward='{reward}:nothing': "),

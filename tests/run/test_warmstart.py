@@ -83,7 +83,9 @@ def mesh():
     return sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
 
 
-def run_warm_start(mesh, evaluator, cache_dir, *, max_steps=40, log=None, stop=None):
+def run_warm_start(
+    mesh, evaluator, cache_dir, *, max_steps=40, log=None, stop=None, task=TASK, num_examples=20_000
+):
     config = warmstart.WarmStartConfig(
         min_accuracy=0.15,
         max_accuracy=0.40,
@@ -91,12 +93,13 @@ def run_warm_start(mesh, evaluator, cache_dir, *, max_steps=40, log=None, stop=N
         batch_size=BATCH_SIZE,
         learning_rate=LEARNING_RATE,
         eval_every=10,
+        num_examples=num_examples,
     )
     return warmstart.warm_start(
         model=MODEL,
         config=config,
         tokenizer=TOKENIZER,
-        task=TASK,
+        task=task,
         evaluator=evaluator,
         seed=SEED,
         max_prompt_len=MAX_PROMPT_LEN,
@@ -245,3 +248,34 @@ def test_a_stop_request_ends_the_warm_start_between_sft_steps_and_caches_nothing
     # The same command again trains the base from the start.
     _, info = run_warm_start(mesh, ScriptedEvaluator([0.2]), tmp_path)
     assert info["cached"] is False and info["sft_steps"] == 10
+
+
+class FileTask(OneExampleTask):
+    """Three records, as a file holds them: num <= 0 asks for all of them. Records what it
+    was asked."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def examples(self, split, num, seed=0):
+        self.asked.append((split, num))
+        if num > 3:
+            raise ValueError(f"3 {split} records, asked {num}")
+        return [self.example] * (3 if num <= 0 else num)
+
+
+def test_the_demonstrations_are_the_first_num_examples_of_the_train_split(mesh, tmp_path):
+    # A file of three records: 0 takes all of them, where the 20,000 of the embedded
+    # task's pool would fail.
+    for num_examples in (0, 2):
+        task = FileTask()
+        _, info = run_warm_start(
+            mesh,
+            ScriptedEvaluator([0.2]),
+            tmp_path / str(num_examples),
+            max_steps=10,
+            task=task,
+            num_examples=num_examples,
+        )
+        assert task.asked == [("train", num_examples)] and info["sft_steps"] == 10

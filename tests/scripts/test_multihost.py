@@ -383,6 +383,72 @@ def test_weights_copy_from_a_trainer_on_every_process_to_each_process_sampler(tm
             assert checks and all(all(c) for c in checks), (p, k, checks)
 
 
+# A LoRA model's params on a trainer sharded over both processes (fsdp over 2 devices of
+# each), synced twice to each process's sampler (2 devices of its own); every array
+# handed to a placement (jax.device_put or the copy across processes) is recorded.
+_SYNC = """
+import json
+import jax, numpy as np, optax
+from replax.core import processes, sharding
+processes.maybe_initialize_distributed()
+from replax.model import lora, transformer as model_lib
+from replax.rl import placement, weight_sync, train_step as train_step_lib
+from replax.sampling import sampler as sampler_lib
+config = model_lib.ModelConfig(vocab_size=32, num_layers=1, d_model=16, num_heads=4,
+    num_kv_heads=2, head_dim=4, mlp_dim=32, max_len=12, lora_rank=2)
+rules = sharding.validate_rules(sharding.DEFAULT_RULES)
+trainer, own = placement.split_devices(2 * jax.process_count())
+mesh = sharding.make_mesh((1, -1, 1), devices=trainer)
+state, _ = train_step_lib.init_train_state(
+    model_lib.Transformer(config), optax.adam(1e-3), jax.random.key(0), mesh, rules)
+sampler = sampler_lib.make_sampler(config, max_prompt_len=4, max_new_tokens=4,
+    stop_ids=(31,), pad_id=0, mesh=sharding.make_mesh((1, 2, 1), devices=own), rules=rules)
+crossed, trainer_set = [], set(trainer)
+real_put, real_copy = jax.device_put, processes.copy_to_process_mesh
+def put(x, *a, **k):
+    crossed.extend(y for y in jax.tree.leaves(x)
+                   if isinstance(y, jax.Array) and y.sharding.device_set == trainer_set)
+    return real_put(x, *a, **k)
+def copy(leaves, *a, **k):
+    crossed.extend(leaves)
+    return real_copy(leaves, *a, **k)
+jax.device_put, processes.copy_to_process_mesh = put, copy
+ids = lambda tree: {id(x) for x in jax.tree.leaves(tree)}
+sync = weight_sync.WeightSync(sampler, config)
+first = sync(state.params)
+report = {"first_whole": {id(x) for x in crossed} == ids(state.params)}
+crossed.clear()
+params = jax.jit(lambda p: jax.tree_util.tree_map_with_path(
+    lambda path, x: x + 0.25 if "lora" in jax.tree_util.keystr(path) else x, p))(state.params)
+second = sync(params)
+adapters, base = lora.partition(params, True)
+got = {id(x) for x in crossed}
+expected = jax.tree.map(processes.to_host, params)
+report.update(
+    across=not all(x.is_fully_addressable for x in jax.tree.leaves(params)),
+    adapters_only=got == ids(adapters) and not got & ids(base),
+    bytes=sync.bytes == sum(x.nbytes for x in crossed) == lora.adapter_bytes(params),
+    base_kept=all(a is b for a, b in zip(jax.tree.leaves(lora.partition(first, True)[1]),
+                                         jax.tree.leaves(lora.partition(second, True)[1]))),
+    equal=all(np.array_equal(np.asarray(x), y) for x, y in
+              zip(jax.tree.leaves(second), jax.tree.leaves(expected))),
+    on_own=all(x.sharding.device_set == set(own) for x in jax.tree.leaves(second)),
+)
+print(json.dumps({"process": jax.process_index(), "report": report}))
+"""
+
+
+def test_a_lora_sync_across_processes_moves_only_the_adapters(tmp_path):
+    """After the first sync (the whole tree, base included), what a trainer spanning both
+    processes hands across to each process's sampler is the adapters, nothing of the
+    base; the sampler keeps its base arrays and decodes with the trainer's values."""
+    outputs = run_processes(None, str(tmp_path / "logs"), command=[sys.executable, "-c", _SYNC])
+    for p, out in enumerate(outputs):
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["process"] == p
+        assert all(report["report"].values()), (p, report["report"])
+
+
 # The survivor's one line (its progress lines, `step N/M ...`, aside).
 LOST = r"replax: process {} of 2 was lost at step \d; run the same command on every process to resume from step 2"  # noqa: E501
 

@@ -4,11 +4,14 @@ task.name=jsonl: records of a file, a reward function by config."""
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
+from replax.rl import evaluation
 from replax.tasks import (
     make_task,
 )
+from replax.text.tokenizer import ByteTokenizer
 
 DATA = pathlib.Path(__file__).parent.parent / "data"
 
@@ -49,6 +52,29 @@ def test_jsonl_reward_by_file_gets_prompt_completion_and_answer(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     task = make_task("jsonl", data_path=write_records("data.jsonl"), reward="my_reward.py:reward")
     assert task.score("ab", "c", "de") == 5.0
+
+
+def test_jsonl_reward_that_raises_scores_zero_and_is_counted(tmp_path, monkeypatch):
+    # The user's function raises on one completion in two; the run scores the task as
+    # the trainer does (rl.evaluation.score with the prompts), so the error is counted
+    # there, not swallowed by the task.
+    (tmp_path / "my_reward.py").write_text(
+        "def reward(prompt, completion, answer):\n"
+        "    if completion.startswith('x'):\n"
+        "        raise ValueError('not a number')\n"
+        "    return float(prompt.endswith('=') and completion == answer)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    task = make_task("jsonl", data_path=write_records("data.jsonl"), reward="my_reward.py:reward")
+    tok = ByteTokenizer()
+    completions = ["3", "x3", "4", "xx"]
+    ids = np.full((4, 4), tok.pad_id, np.int32)
+    for i, text in enumerate(completions):
+        encoded = tok.encode(text) + [tok.eos_id]
+        ids[i, : len(encoded)] = encoded
+    rewards, errors = evaluation.score(task, tok, ids, ["3"] * 4, prompts=["1+2="] * 4)
+    np.testing.assert_array_equal(rewards, [1.0, 0.0, 0.0, 0.0])
+    assert errors == 2
 
 
 @pytest.mark.parametrize(

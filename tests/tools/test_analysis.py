@@ -31,10 +31,21 @@ def test_first_reach_and_the_cost_to_target():
     assert got == {
         "gen_tokens_to_target": 300,
         "train_rollouts_to_target": 24,
+        "train_cost_to_target": 24,  # records without train_cost: each rollout costs 1
         "gen_rollouts_to_target": 16,
         "cost": 120.0,
     }
     assert analysis.to_target(RECORDS, 0.9, {"cost": 6.0})["cost"] == math.inf
+
+
+def test_the_cost_counts_every_pass_of_the_steps():
+    """train_cost, when the records have it, is the training's part of the cost: 24
+    rollouts trained in steps of 4/3 a plain step's FLOPs cost 32, and 32 + 6 x 16 = 128."""
+    with_cost = [{**r, "train_cost": r["train_rollouts"] * 4 / 3} for r in RECORDS]
+    assert analysis.modelled_cost(with_cost[2], 6.0) == pytest.approx(128.0)
+    got = analysis.to_target(with_cost, 0.5, {"cost": 6.0})
+    assert got["train_cost_to_target"] == pytest.approx(32.0) and got["cost"] == pytest.approx(128)
+    assert got["train_rollouts_to_target"] == 24
 
 
 def test_steady_mu_leaves_out_the_first_step():
@@ -91,6 +102,11 @@ def test_finished_runs_from_their_files(tmp_path):
     assert analysis.is_finished(str(tmp_path), 4, total_rollouts=16)  # budget spent
     records, base = analysis.load_run(str(tmp_path))
     assert [r["step"] for r in records] == [1, 2, 3] and base == 0.1
+    assert [r["train_cost"] for r in records] == [8, 16, 24]  # no config: plain steps
+    config = {"loss": {"clip_cov_ratio": 2e-4}, "train": {"num_microbatches": 4}}
+    (tmp_path / analysis.RUN_CONFIG_FILE).write_text(json.dumps(config))
+    records, _ = analysis.load_run(str(tmp_path))
+    assert records[-1]["train_cost"] == pytest.approx(32.0)  # the extra forward counted
 
 
 # Held-out accuracy and entropy of three evaluations.

@@ -63,6 +63,29 @@ def test_the_micro_run_compiles_for_v5e_and_fits(tmp_path):
     assert "train_step" in proc.stdout and "modelled" in proc.stdout
 
 
+def test_a_program_that_fits_alone_but_not_beside_the_resident_state_does_not_fit(tmp_path):
+    # A store of 3e8 rollouts is resident beside every program: about 16.5 GiB per device
+    # of a v5e's 16, while the train step alone needs a few MiB.
+    out = tmp_path / "v5e.json"
+    micro = [a for a in MICRO if not a.startswith("--config.replay.capacity")]
+    proc = tpu_compile(
+        "--topology=v5e:2x2",
+        "--programs=train_step",
+        f"--out={out}",
+        "--config.replay.capacity=300000000",
+        *micro,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    train = result["programs"]["train_step"]
+    hbm = result["hbm_bytes_per_device"]
+    assert train["peak_bytes_per_chip"] < 0.01 * hbm  # alone it fits many times over
+    assert train["peak_in_run_bytes_per_chip"] > tpu_targets.FIT_FRACTION * hbm
+    assert train["fits"] is False and result["fits"] is False
+    assert result["resident_bytes_per_chip"]["replay_store"] > tpu_targets.FIT_FRACTION * hbm
+    assert "train_step: peak" in proc.stderr and "in run is over 90%" in proc.stderr
+
+
 def test_splash_attention_compiles_on_a_sharded_slice():
     # Rows over fsdp 2, heads over tensor 2: the Mosaic kernel runs under shard_map.
     proc = tpu_compile(

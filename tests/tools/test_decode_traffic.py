@@ -17,13 +17,16 @@ def test_a_run_through_the_engine_compiles_its_programs_and_fits(tmp_path):
     # R = 4 prompts x 8 samples = 32 rollouts through S = 8 slots, refilled every 2 steps.
     out = tmp_path / "engine.json"
     slots = ["--config.rollout.slots=8", "--config.rollout.refill_every=2"]
-    proc = tpu_compile("--topology=v5e:2x2", f"--programs={ENGINE}", f"--out={out}", *MICRO, *slots)
+    programs = f"--programs={ENGINE},train_step"
+    proc = tpu_compile("--topology=v5e:2x2", programs, f"--out={out}", *MICRO, *slots)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert set(result["programs"]) == set(ENGINE.split(","))
+    assert set(result["programs"]) == {*ENGINE.split(","), "train_step"}
     hbm = result["hbm_bytes_per_device"]
     resident = sum(result["resident_bytes_per_chip"][k] for k in aot.RESIDENT)
     for name, p in result["programs"].items():
+        if name == "train_step":  # it holds the train state: test_aot checks its rule
+            continue
         # The same rule as every program's: the peak with the resident state beside it.
         assert p["peak_in_run_bytes_per_chip"] == p["peak_bytes_per_chip"] + resident, name
         assert p["fits"] is (p["peak_in_run_bytes_per_chip"] <= 0.9 * hbm), name
@@ -37,3 +40,15 @@ def test_a_run_through_the_engine_compiles_its_programs_and_fits(tmp_path):
     assert traffic["ideal_kv_bytes"] > 0
     assert traffic["ratio"] == pytest.approx(traffic["per_step_hbm_bytes"] / traffic["ideal_bytes"])
     assert "engine decode step (S = 8, K = 2)" in proc.stdout
+    # mu from the compiled programs' bytes: each phase at least its bytes at v5e's 819 GB/s
+    # (a device is a chip), R x N / S decode steps after one prefill, per rollout.
+    mu = result["modelled_compiled"]
+    assert mu["decode_step_s"] >= traffic["per_step_hbm_bytes"] / 819e9 > 0
+    assert mu["prefill_s"] >= mu["prefill_hbm_bytes"] / 819e9 > 0
+    assert mu["train_step_s"] >= mu["train_step_hbm_bytes"] / 819e9 > 0
+    assert (mu["decode_steps"] * 8 / 32).is_integer() and mu["decode_steps"] >= 4
+    assert mu["generation_s"] == pytest.approx(
+        mu["prefill_s"] + mu["decode_steps"] * mu["decode_step_s"]
+    )
+    assert mu["mu"] == pytest.approx((mu["generation_s"] / 32) / (mu["train_step_s"] / 16))
+    assert "modelled from the compiled programs" in proc.stdout

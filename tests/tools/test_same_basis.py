@@ -109,6 +109,19 @@ def test_ratios_of_each_sides_own_first_reach():
     ]
 
 
+def test_the_break_even_takes_the_trainings_cost_when_kept():
+    """Replay's steps ran a forward more (4/3 a plain step's FLOPs): its 384 rollouts
+    trained cost 512, and the break-even with on-policy's 256 + mu 256 moves from
+    (384 - 256) / (256 - 192) = 2 to (512 - 256) / 64 = 4."""
+    ref = variant([0], [400], [256], [256])
+    cand = variant([0], [300], [384], [192])
+    assert sb.ratios(cand, ref)["break_even_mu"] == 2.0
+    for v, cost in ((ref, 256.0), (cand, 512.0)):
+        v["train_cost_to_target"], v["per_seed"]["train_cost_to_target"] = cost, [cost]
+    assert sb.ratios(cand, ref)["break_even_mu"] == 4.0
+    assert sb.per_seed(cand, ref, [0])["break_even_mu"] == [4.0]
+
+
 def old_payload():
     """A compare.json as compare.py wrote it before the same basis (per-seed costs at mu 6
     and at the measured mu, no rollout counts), from the runs of the test above."""

@@ -40,3 +40,8 @@ def test_transfer_spec_keeps_the_model_and_swaps_the_task(tmp_path):
     assert transfer.to_dict()["model"]["max_len"] == 80 > spec.to_dict()["model"]["max_len"]
     for section in ("tokenizer", "optimizer", "mesh", "loss"):
         assert transfer.to_dict()[section] == spec.to_dict()[section], section
+    # It evaluates, never warm-starts: the build step's size checks hold on the 3 questions.
+    from replax.config import build as configuration
+
+    assert transfer.warmstart.num_examples == 0
+    configuration.check_split_sizes(transfer, {"train": 3, "test": 3}, 1, str(short))
