@@ -18,6 +18,8 @@ On a Cloud TPU pod slice or under SLURM nothing more is needed; elsewhere set
 JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES and JAX_PROCESS_ID, or pass
 --coordinator_address, --num_processes and --process_id. Process 0 alone writes
 metrics.jsonl and TensorBoard and prints; every process writes its part of checkpoints.
+A process lost mid-run stops the others within a minute with status 4 and one line naming
+it and the step the same command, run again on every process, resumes from.
 
 It prints a start-up banner (devices, meshes, bytes per device, tokens per step), then
 progress: a bar on a terminal, else a line at most every log.print_every_s seconds.
@@ -32,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from replax.core import config_utils  # noqa: E402
+from replax.core import config_utils, lost_host  # noqa: E402
 from replax.core.config_utils import flag_error_line as _one_line  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,13 +68,23 @@ def _parse(argv):
         _fail(_one_line(e, argv, config_utils.config_from_argv(argv, _DEFAULT_CONFIG)))
 
 
+def _several_processes() -> bool:
+    if _COORDINATOR.value or (_NUM_PROCESSES.value or 1) > 1:
+        return True
+    return _NUM_PROCESSES.value != 1 and lost_host.is_multi_host(os.environ)
+
+
+def _last_sealed_step(workdir: str) -> int | None:
+    from replax.run import checkpoint
+
+    return checkpoint.last_sealed_step(os.path.join(workdir, "checkpoints"))
+
+
 def main(argv):
     del argv
     # absl's INFO lines (orbax, jax) drown the run's own: ERROR unless --verbosity says.
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.ERROR)
-    import jax
-
     from replax.config import build as configuration
     from replax.config import spec as spec_lib
     from replax.core import processes
@@ -85,6 +97,10 @@ def main(argv):
         _fail(f"--config={config_file}: no such file (e.g. --config=configs/arith.py)")
     workdir = _WORKDIR.value or config_utils.default_workdir(config_flag, _ROOT)
     config = flags.FLAGS.config
+    if _several_processes():  # before jax starts: a lost peer ends this run in one line
+        lost_host.supervise(lambda: _last_sealed_step(workdir))
+    import jax
+
     try:  # before anything asks jax for devices: validate counts them
         processes.maybe_initialize_distributed(
             coordinator_address=_COORDINATOR.value,
@@ -93,6 +109,7 @@ def main(argv):
         )
     except (ValueError, TypeError, RuntimeError) as e:
         _fail(f"jax.distributed: {_one_line(e)}")
+    lost_host.watch_peers(lambda: _last_sealed_step(workdir))
     try:  # the spec checks itself, and train builds it, before anything is created
         # A task.name on the command line keeps only the file's task.* keys it can use.
         file_config = experiments.file_config(flags.FLAGS["config"].config_filename)
@@ -103,6 +120,11 @@ def main(argv):
     except runtime.Preempted as e:
         print(str(e), file=sys.stderr)
         sys.exit(runtime.EXIT_PREEMPTED)
+    except jax.errors.JaxRuntimeError:
+        lost_host.await_loss()  # a collective that failed for a lost peer ends here
+        raise
+    finally:
+        lost_host.stop_watching()
     if jax.process_index() != 0:
         return
     print(

@@ -15,18 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
-
-def is_multi_host(environ=os.environ) -> bool:
-    """Whether the launcher started several processes: an explicit coordinator or process
-    count, a TPU slice of more than one host, or a SLURM job of more than one task."""
-    if environ.get("JAX_COORDINATOR_ADDRESS"):
-        return True
-    if int(environ.get("JAX_NUM_PROCESSES") or 1) > 1:
-        return True
-    for key in ("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES"):
-        if len(environ.get(key, "localhost").split(",")) > 1:
-            return True
-    return int(environ.get("SLURM_NTASKS", "1")) > 1
+from replax.core.lost_host import is_multi_host
 
 
 def distributed_args(

@@ -120,6 +120,17 @@ def _seal_problem(path: epath.Path) -> str | None:
     return None
 
 
+def last_sealed_step(directory) -> int | None:
+    """The newest committed step under directory whose seal is readable, from a plain
+    listing (no orbax manager): the step a stopped run will resume from, unless its files
+    turn out not to match their seal."""
+    directory = epath.Path(directory)
+    if not directory.exists():
+        return None
+    steps = sorted((int(p.name) for p in directory.iterdir() if p.name.isdigit()), reverse=True)
+    return next((s for s in steps if _seal_problem(directory / str(s) / CHECKSUMS) is None), None)
+
+
 def _absolute(directory) -> epath.Path:
     """A local directory made absolute; a URL (gs://...) as it is."""
     path = epath.Path(directory)

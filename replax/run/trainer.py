@@ -25,7 +25,7 @@ import jax
 import ml_collections
 
 from replax.config import spec as spec_lib
-from replax.core import processes
+from replax.core import lost_host, processes
 from replax.replay import auto as auto_replay
 from replax.replay import schedules
 from replax.rl import placement
@@ -234,6 +234,7 @@ def run_loop(
                 train_end_s=t1 + train_s - t_start,
             )
         loop.step = step + 1
+        lost_host.report("step", loop.step)
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
             bar.doing(loop.step, f"evaluating on {len(evaluator.examples)} held-out prompts")

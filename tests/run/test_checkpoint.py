@@ -348,3 +348,16 @@ def test_pick_sealed_reads_only_sealed_intact_steps_and_moves_nothing(tmp_path):
     reader.close()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1", "2", "3"]
     assert not (tmp_path.parent / (tmp_path.name + "_corrupt")).exists()
+
+
+def test_last_sealed_step_is_the_newest_committed_step_with_a_readable_seal(tmp_path):
+    """What a stopped run of several processes names as the step to resume from: the
+    newest numbered step whose checksums.json reads, temporary and unsealed ones aside."""
+    assert checkpoint.last_sealed_step(tmp_path / "none") is None
+    for name, seal in [("2", {"a": "x"}), ("4", None), ("6.orbax-checkpoint-tmp", {"a": "x"})]:
+        (tmp_path / name).mkdir()
+        if seal is not None:
+            (tmp_path / name / checkpoint.CHECKSUMS).write_text(json.dumps(seal))
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / checkpoint.CHECKSUMS).write_text('{"a": ')  # cut short
+    assert checkpoint.last_sealed_step(tmp_path) == 2

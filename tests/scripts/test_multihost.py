@@ -7,6 +7,7 @@ process, so the tests see which process scored which completions and who built t
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import time
 import numpy as np
 import pytest
 from micro_run import MICRO, strip_timing
+
+from replax.core import lost_host
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "tests/counting_task.py"
@@ -80,11 +83,12 @@ def run_one_process(workdir, logs, *extra):
     return proc
 
 
-def run_processes(workdir, logs, *extra, command=None, as_flags=False, env=None, check=True):
-    """The run as 2 processes x 4 devices, coordinated through a free localhost port given
-    in JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID (or as_flags: in
-    train.py's --coordinator_address, --num_processes, --process_id). check=False: a
-    process may fail (its stdout is returned all the same)."""
+def start_processes(workdir, logs, *extra, command=None, as_flags=False, env=None, env_of=None):
+    """Starts the run as 2 processes x 4 devices, coordinated through a free localhost port
+    given in JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID (or as_flags: in
+    train.py's --coordinator_address, --num_processes, --process_id); env_of: variables of
+    one process ({index: {name: value}}). Returns the processes and their (stdout, stderr)
+    files."""
     os.makedirs(logs, exist_ok=True)
     address = f"localhost:{_free_port()}"
     files = lambda: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
@@ -98,16 +102,26 @@ def run_processes(workdir, logs, *extra, command=None, as_flags=False, env=None,
         else:
             flags = []
             variables = {f"JAX_{k.upper()}": str(v) for k, v in where.items()}
+        variables.update(env or {}, **(env_of or {}).get(i, {}))
         procs.append(
             subprocess.Popen(
                 command + flags,
                 cwd=ROOT,
-                env=_env(DEVICES, **variables, **(env or {})),
+                env=_env(DEVICES, **variables),
                 stdout=stdout,
                 stderr=stderr,
                 text=True,
             )
         )
+    return procs, outputs
+
+
+def run_processes(workdir, logs, *extra, command=None, as_flags=False, env=None, check=True):
+    """The run as 2 processes x 4 devices (`start_processes`). check=False: a process may
+    fail (its stdout is returned all the same)."""
+    procs, outputs = start_processes(
+        workdir, logs, *extra, command=command, as_flags=as_flags, env=env
+    )
     # A process that fails leaves the others waiting for it: stop them then.
     deadline = time.time() + 900
     try:
@@ -433,3 +447,59 @@ def test_a_lora_sync_across_processes_moves_only_the_adapters(tmp_path):
         report = json.loads(out.strip().splitlines()[-1])
         assert report["process"] == p
         assert all(report["report"].values()), (p, report["report"])
+
+
+# The survivor's one line (its progress lines, `step N/M ...`, aside).
+LOST = r"replax: process {} of 2 was lost at step \d; run the same command on every process to resume from step 2"  # noqa: E501
+
+
+def _lose_a_process(workdir, logs, victim, *, crash_at=None):
+    """The run with process `victim` lost: killed with SIGKILL (the command its launcher
+    started) as soon as checkpoint 2 is sealed, or, with crash_at, killing itself at that
+    point of a save (REPLAX_CRASH_AT). Returns the survivor's exit status, its stderr and
+    the seconds from the loss to its exit."""
+    env_of = {victim: {"REPLAX_CRASH_AT": crash_at}} if crash_at else None
+    procs, outputs = start_processes(workdir, logs, env_of=env_of)
+    survivor = procs[1 - victim]
+    sealed = os.path.join(workdir, "checkpoints", "2", "checksums.json")
+    lost_at, deadline = None, time.time() + 900
+    try:
+        while survivor.poll() is None and time.time() < deadline:
+            if lost_at is None and crash_at is None and os.path.exists(sealed):
+                procs[victim].kill()
+            if lost_at is None and procs[victim].poll() is not None:
+                lost_at = time.time()
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert lost_at is not None, "the survivor exited before its peer was lost"
+    outputs[1 - victim][1].seek(0)
+    return survivor.returncode, outputs[1 - victim][1].read(), time.time() - lost_at
+
+
+def test_a_lost_process_stops_the_other_in_one_line_and_the_rerun_resumes_exactly(tmp_path):
+    """Process 0 (the coordinator) killed after checkpoint 2; rerun, process 1 killed while
+    it writes checkpoint 4. Each time the survivor exits within 120 s with one line and no
+    traceback, and checkpoint 4 is not sealed; run once more, both processes end exactly
+    where the run without a loss ends."""
+    reference = tmp_path / "reference"
+    run_processes(str(reference / "run"), str(reference / "logs"))
+    workdir, logs = str(tmp_path / "run"), str(tmp_path / "logs")
+    for victim, crash_at in ((0, None), (1, "write:4")):
+        status, stderr, seconds = _lose_a_process(workdir, logs, victim, crash_at=crash_at)
+        print(f"process {victim} lost: the survivor exited {seconds:.1f} s later")
+        assert status == lost_host.EXIT_PEER_LOST, stderr[-3000:]
+        assert seconds <= 120
+        said = [
+            line for line in stderr.splitlines() if line.strip() and not line.startswith("step ")
+        ]
+        assert len(said) == 1 and re.fullmatch(LOST.format(victim), said[0]), stderr[-3000:]
+        steps = [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
+        assert steps == ["2"]  # checkpoint 4, if it was begun, was never committed
+    last = run_processes(workdir, logs)
+    assert "resumed from step 2" in last[0]
+    # Every value but timing, exactly.
+    assert strip_timing(read(workdir)) == strip_timing(read(str(reference / "run")))
