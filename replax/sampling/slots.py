@@ -198,16 +198,19 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     return state, next_rollout + jnp.sum(take, dtype=jnp.int32), admitted
 
 
-def decode_step(params, state: Slots, sampling: SamplingConfig, settings: Settings) -> Slots:
+def decode_step(params, head, state: Slots, sampling: SamplingConfig, settings: Settings) -> Slots:
     """One decode step of every slot: each live slot feeds its last token, writes its keys
     and values at its own cache slot and samples its next token with its rollout's own
-    uniform. Stopped and empty slots compute and keep nothing."""
+    uniform. Stopped and empty slots compute and keep nothing. head: the output projection
+    as `decode_lib.decode_head` lays it out."""
     model, n = settings.model, settings.max_new_tokens
     cache_len = state.kv_mask.shape[1]
     prompt_slots = cache_len - n  # P - 1
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(settings.stop_ids, jnp.int32))
-    logits, cache = model.apply(
-        {"params": params},
+    logits, cache = decode_lib.step_logits(
+        model,
+        params,
+        head,
         state.last_tokens[:, None],
         (state.last_positions + state.step)[:, None],
         cache=state.cache,
@@ -231,7 +234,7 @@ def decode_step(params, state: Slots, sampling: SamplingConfig, settings: Settin
     )
 
 
-def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Settings):
+def decode_chunk(params, head, state: Slots, sampling: SamplingConfig, settings: Settings):
     """Up to K = refill_every decode steps of every slot (fewer once every slot has
     stopped). Returns (slots, steps run, row-steps that produced a kept token)."""
 
@@ -242,14 +245,16 @@ def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Setti
     def body(inner):
         t, state, useful = inner
         useful = useful + jnp.sum(~state.done, dtype=jnp.int32)
-        return t + 1, decode_step(params, state, sampling, settings), useful
+        return t + 1, decode_step(params, head, state, sampling, settings), useful
 
     zero = jnp.zeros((), jnp.int32)
     steps, state, useful = jax.lax.while_loop(cond, body, (zero, state, zero))
     return state, steps, useful
 
 
-def chunk(params, state: Slots, queue: Queue, table, next_rollout, sampling, num_samples, settings):
+def chunk(
+    params, head, state: Slots, queue: Queue, table, next_rollout, sampling, num_samples, settings
+):
     """One host-free round of the engine: harvest finished slots into the output table,
     refill the free ones from the queue, decode up to K steps. Returns (slots, table,
     next_rollout, EngineStats of this round)."""
@@ -258,7 +263,7 @@ def chunk(params, state: Slots, queue: Queue, table, next_rollout, sampling, num
     state, next_rollout, admitted = refill(
         state, queue, next_rollout, num_queued, num_samples, settings
     )
-    state, steps, useful = decode_chunk(params, state, sampling, settings)
+    state, steps, useful = decode_chunk(params, head, state, sampling, settings)
     return state, table, next_rollout, EngineStats(steps, useful, admitted.astype(jnp.int32))
 
 
@@ -292,6 +297,7 @@ def run(
     queue = prefill_queue(
         params, prompt_ids, prompt_mask, rng, row_block[0] * total, num_samples, settings
     )
+    head = decode_lib.decode_head(params, settings.model.config)  # once a generation
 
     # CHUNKS of K decode steps, the slots refilled between them.
     def more(carry):
@@ -301,7 +307,7 @@ def run(
     def body(carry):
         state, table, next_rollout, stats = carry
         state, table, next_rollout, new = chunk(
-            params, state, queue, table, next_rollout, sampling, num_samples, settings
+            params, head, state, queue, table, next_rollout, sampling, num_samples, settings
         )
         stats = jax.tree_util.tree_map(jnp.add, stats, new)
         return state, table, next_rollout, stats
