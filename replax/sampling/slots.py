@@ -165,36 +165,35 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     new = jnp.where(take, new, 0)
     prompt = new // num_samples
 
-    def fill(state: Slots) -> Slots:
-        cache = state.cache
-        if queue.prefix is not None:
-            prefix_len = jax.tree_util.tree_leaves(queue.prefix)[0].shape[-2]
+    # No lax.cond around this on whether any slot is admitted: a branch that may update
+    # the slots' cache made whole copies of it (most refills admit some slot anyway).
+    cache = state.cache
+    if queue.prefix is not None:
+        prefix_len = jax.tree_util.tree_leaves(queue.prefix)[0].shape[-2]
 
-            def copy(slot_cache, prompt_cache):
-                head = jax.lax.slice_in_dim(slot_cache, 0, prefix_len, axis=slot_cache.ndim - 2)
-                head = _where_rows(take, _rows(prompt_cache, prompt), head)
-                return jax.lax.dynamic_update_slice(slot_cache, head, [0] * slot_cache.ndim)
+        def copy(slot_cache, prompt_cache):
+            head = jax.lax.slice_in_dim(slot_cache, 0, prefix_len, axis=slot_cache.ndim - 2)
+            head = _where_rows(take, _rows(prompt_cache, prompt), head)
+            return jax.lax.dynamic_update_slice(slot_cache, head, [0] * slot_cache.ndim)
 
-            cache = jax.tree_util.tree_map(copy, cache, queue.prefix)
-            cache = decode_lib._constrain_cache(cache, settings.model.config)
-        pick = lambda new_value, old: jnp.where(
-            take.reshape((-1,) + (1,) * (old.ndim - 1)), new_value, old
-        )
-        return state.replace(
-            cache=cache,
-            kv_mask=pick(queue.kv_mask[prompt], state.kv_mask),
-            last_tokens=pick(queue.last_tokens[prompt], state.last_tokens),
-            last_positions=pick(queue.last_positions[prompt], state.last_positions),
-            step=pick(0, state.step),
-            rollout=pick(new, state.rollout),
-            done=pick(False, state.done),
-            uniforms=pick(queue.uniforms[new], state.uniforms),
-            tokens=pick(settings.pad_id, state.tokens),
-            logprobs=pick(0.0, state.logprobs),
-        )
-
+        cache = jax.tree_util.tree_map(copy, cache, queue.prefix)
+        cache = decode_lib._constrain_cache(cache, settings.model.config)
+    pick = lambda new_value, old: jnp.where(
+        take.reshape((-1,) + (1,) * (old.ndim - 1)), new_value, old
+    )
+    state = state.replace(
+        cache=cache,
+        kv_mask=pick(queue.kv_mask[prompt], state.kv_mask),
+        last_tokens=pick(queue.last_tokens[prompt], state.last_tokens),
+        last_positions=pick(queue.last_positions[prompt], state.last_positions),
+        step=pick(0, state.step),
+        rollout=pick(new, state.rollout),
+        done=pick(False, state.done),
+        uniforms=pick(queue.uniforms[new], state.uniforms),
+        tokens=pick(settings.pad_id, state.tokens),
+        logprobs=pick(0.0, state.logprobs),
+    )
     admitted = jnp.any(take)
-    state = jax.lax.cond(admitted, fill, lambda x: x, state)
     return state, next_rollout + jnp.sum(take, dtype=jnp.int32), admitted
 
 
