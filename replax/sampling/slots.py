@@ -155,6 +155,41 @@ def harvest(state: Slots, table, settings: Settings):
     return state.replace(rollout=jnp.where(finished, -1, state.rollout)), table
 
 
+def _copy_admitted(cache, prefix, take, prompt):
+    """Each admitted slot's cache (leaves [.., S, KV, C, D], slot axis -4) takes its
+    prompt's prefix (leaves [.., B, KV, P - 1, D]) in its first P - 1 positions, written
+    in place one admitted slot at a time: the other slots' caches are not touched (a
+    select over every slot would read and write all their prefixes each refill)."""
+    order = jnp.argsort(~take, stable=True)  # the admitted slots first
+    count = jnp.sum(take, dtype=jnp.int32)
+
+    def put(i, cache):
+        slot = order[i]
+
+        def one(slot_cache, prompt_cache):
+            axis = slot_cache.ndim - 4
+            rows = jax.lax.dynamic_slice_in_dim(prompt_cache, prompt[slot], 1, axis)
+            start = [0] * slot_cache.ndim
+            start[axis] = slot
+            return jax.lax.dynamic_update_slice(slot_cache, rows.astype(slot_cache.dtype), start)
+
+        return jax.tree_util.tree_map(one, cache, prefix)
+
+    # A static bound (S) with the slots past `count` skipped keeps the loop countable.
+    body = lambda i, cache: jax.lax.cond(i < count, lambda c: put(i, c), lambda c: c, cache)
+    return jax.lax.fori_loop(0, take.shape[0], body, cache)
+
+
+def _slots_split(settings) -> bool:
+    """Whether the slot axis of the cache is split over devices under the current mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return False
+    axes = flax.linen.logical_to_mesh_axes(("batch",), flax.linen.get_logical_axis_rules())[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return any(mesh.shape[a] > 1 for a in axes)
+
+
 def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
     """Free slots take the next queued rollouts in order: queue entries next_rollout ...
     (while < num_queued), each copying its prompt's prefix into the slot's cache. Returns
@@ -168,7 +203,11 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     # No lax.cond around this on whether any slot is admitted: a branch that may update
     # the slots' cache made whole copies of it (most refills admit some slot anyway).
     cache = state.cache
-    if queue.prefix is not None:
+    if queue.prefix is not None and not _slots_split(settings):
+        cache = _copy_admitted(cache, queue.prefix, take, prompt)
+    elif queue.prefix is not None:
+        # Slots split over the data shards: a dynamic slot index on that axis would make
+        # the partitioner gather every slot's cache, so every slot's prefix is selected.
         prefix_len = jax.tree_util.tree_leaves(queue.prefix)[0].shape[-2]
 
         def copy(slot_cache, prompt_cache):
