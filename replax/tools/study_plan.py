@@ -31,8 +31,7 @@ def define_flags(values) -> None:
     and --compilation_cache)."""
     from absl import flags
 
-    def define(kind, name, default, text, **kwargs):
-        getattr(flags, f"DEFINE_{kind}")(name, default, text, flag_values=values, **kwargs)
+    define = ex.flag_definer(values)
 
     define("integer", "seeds", 3, "Seeds per variant (the selection seed first).", lower_bound=1)
     define("integer", "select_seed", 0, "The seed the learning-rate grid runs on.")

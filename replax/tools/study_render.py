@@ -1,7 +1,7 @@
 """A study's report as people read it: compare.md's tables (medians, the rate grids, each
 seed, the seed spread, entropy at equal accuracy, the transfer) and the plots of
 accuracy against generated tokens, modelled cost and wall-clock, and of entropy
-against accuracy.
+against accuracy; and scripts/sweep.py's heat map of cost over the replay design.
 """
 
 from __future__ import annotations
@@ -217,6 +217,62 @@ def plot_entropy(payload, curves, path: str) -> None:
         "star: median entropy there",
         fontsize=9,
     )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_cost_heatmap(payload, path: str) -> None:
+    """scripts/sweep.py's sweep.png: the grid cells' median cost to the target, x = N / R
+    by y = B / R (log colour unless a cost is 0), each annotated with its ratio to
+    on-policy's total; a cell never reaching the target hatched, an infeasible one n/a."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import LogNorm, Normalize
+
+    grid = [c for c in payload["cells"] if c["kind"] == "grid"]
+    xs = sorted({c["x"] for c in grid})
+    ys = sorted({c["y"] for c in grid})
+    values = np.full((len(ys), len(xs)), np.nan)
+    for c in grid:
+        if c["feasible"] and c.get("cost_to_target") is not None:
+            values[ys.index(c["y"]), xs.index(c["x"])] = c["cost_to_target"]
+    fig, ax = plt.subplots(figsize=(1.6 * len(xs) + 2.5, 1.3 * len(ys) + 1.8))
+    finite = values[np.isfinite(values)]
+    norm = None
+    if finite.size:
+        lo, hi = finite.min(), finite.max()
+        # Costs span orders of magnitude: a log scale unless one is 0.
+        norm = LogNorm(lo, max(hi, lo * 1.01)) if lo > 0 else Normalize(lo, max(hi, lo + 1))
+    image = ax.imshow(values, origin="lower", cmap="viridis_r", norm=norm, aspect="auto")
+    for c in grid:
+        i, j = ys.index(c["y"]), xs.index(c["x"])
+        if not c["feasible"]:
+            text, colour = "n/a", "grey"
+        elif c.get("cost_to_target") is None:
+            ax.add_patch(
+                plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", color="grey")
+            )
+            text, colour = f"never\n{report_lib.fmt(c.get('final_accuracy'), 'pct')}", "black"
+        else:
+            text = f"{c['cost_to_target']:,.0f}"
+            if c.get("compute_ratio") is not None:
+                text += f"\n{c['compute_ratio']:.2f}x"
+            colour = "white" if norm and norm(c["cost_to_target"]) > 0.5 else "black"
+        ax.text(j, i, text, ha="center", va="center", color=colour, fontsize=9)
+    ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
+    ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
+    ax.set_xlabel("staleness horizon x = N / R")
+    ax.set_ylabel("replay ratio y = B / R")
+    ax.set_title(
+        f"cost to {100 * payload['target_accuracy']:.1f}% (mu = {payload['mu_model']:g}; "
+        f"ratio to on-policy total), R = {payload['R']}"
+    )
+    if finite.size:
+        fig.colorbar(image, ax=ax, label="rollouts trained + mu x generated")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -26,3 +26,30 @@ def payload_grid_args(grid):
     return {"select_seed": 0, "select_by": "mean", "lr_grid": grid,
             "lr_chosen": {"onpolicy": 3e-5}, "lr_edge": {"onpolicy": "low"},
             "lr_added": {"onpolicy": [3e-5]}, "variants": {}}  # fmt: skip
+
+
+def test_the_cost_heat_map_draws_every_kind_of_cell(tmp_path):
+    """sweep.png: x = 1, 2 by y = 1, 2; a cell with a cost and its ratio, one that never
+    reaches the target (hatched), one the trainer refused (n/a) and one with cost 0 (a
+    linear colour scale); the refinement is not on the grid."""
+
+    def cell(x, y, cost=None, feasible=True, kind="grid"):
+        ratio = None if cost is None else cost / 1000
+        return {"kind": kind, "x": x, "y": y, "feasible": feasible, "cost_to_target": cost,
+                "compute_ratio": ratio, "final_accuracy": 0.4}  # fmt: skip
+
+    payload = {
+        "cells": [
+            cell(1, 1, 500.0),
+            cell(2, 1),
+            cell(1, 2, feasible=False),
+            cell(2, 2, 0.0),
+            cell(2, 2, 10.0, kind="refinement"),
+        ],  # fmt: skip
+        "target_accuracy": 0.5,
+        "mu_model": 6.0,
+        "R": 32,
+    }
+    path = tmp_path / "sweep.png"
+    study_render.plot_cost_heatmap(payload, str(path))
+    assert path.stat().st_size > 10_000
