@@ -32,7 +32,6 @@ def define_flags(values) -> None:
     from absl import flags
 
     define = ex.flag_definer(values)
-
     define("integer", "seeds", 3, "Seeds per variant (the selection seed first).", lower_bound=1)
     define("integer", "select_seed", 0, "The seed the learning-rate grid runs on.")
     flags.DEFINE_enum(
