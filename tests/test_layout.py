@@ -14,6 +14,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "replax"
 MAX_MODULE_LINES = 400
+SCRIPTS = ROOT / "scripts"
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -124,3 +125,13 @@ def test_each_module_has_its_test_file(module):
 def test_modules_stay_short(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{module}: {lines} lines (at most {MAX_MODULE_LINES})"
+
+
+@pytest.mark.parametrize(
+    "script", sorted(str(p.relative_to(ROOT)) for p in SCRIPTS.rglob("*.py")), ids=str
+)
+def test_scripts_stay_short(script):
+    # A script is its flags and main; what it drives lives in the library (replax/tools) or
+    # in a helper module beside it (scripts/benchmarks, scripts/baselines).
+    lines = len((ROOT / script).read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{script}: {lines} lines (at most {MAX_MODULE_LINES})"
