@@ -18,24 +18,11 @@ drawn per step with the paper's positive-bias sampling (delta 0.5; replay ratio 
 On-policy: N = B = R, each rollout trained on once.
 
 Variants (comma-separated parts, any order; defaults qwen2.5-1.5b-instruct, replay, host):
-  model                   G  lr    | host replay R / B / N | pod replay R / B / N, fsdp
-  qwen2.5-0.5b-instruct   8  3e-6  | 128 / 256 / 1024      | 512 / 1024 / 4096, 4
-  qwen2.5-1.5b-instruct   8  2e-6  | 128 / 256 / 1024      | 512 / 1024 / 4096, 8
-  qwen2.5-7b-instruct    16  1e-6  | 128 / 256 / 1024      | 512 / 1024 / 4096, 16
-  qwen3-0.6b              8  3e-6  | 128 / 256 / 1024      | 512 / 1024 / 4096, 4
-  qwen3-1.7b              8  2e-6  | 128 / 256 / 1024      | 512 / 1024 / 4096, 8
-  llama-3.2-1b-instruct   8  2e-6  | 128 / 256 / 1024      | 512 / 1024 / 4096, 8
-  replay (default) 500 steps on a host, 200 on a pod; onpolicy: R = B = N = 256 (host) or
-  1024 (pod), half the steps (the same generated rollouts: 8,000 problems at G = 8 on a
-  host, about one epoch of the 7,500 training problems). Prompts up to 1024 tokens,
-  completions up to 1024, temperature 1.
-  host (default): one TPU host, mesh (1, -1, 1) over its chips (a v5e-8's 16 GB chips
-  hold the parameters and Adam state of up to the 1.7B models; the 7B needs a host with
-  more memory, e.g. v5p-8 or v6e-8, or `pod`); pod: a pod slice, mesh (-1, fsdp, 1).
-  TPU targets, compiled for by scripts/tpu_compile.py (docs/tpu.md): host on a v5e-8
-  (--topology=v5e:2x4; the 7B on a v5p-8, v5p:2x2x1); chip (the 0.5B on one 16 GiB chip,
-  Colab's v5e-1: 32 microbatches, Adam's moments in bfloat16) on v5e:1x1; pod on a
-  v5e-16 (v5e:4x4; the 7B on a v5p-128, v5p:4x4x4).
+those of configs/gsm8k.py, whose docstring's table gives each model's G, lr, host and pod
+replay R / B / N and fsdp, the steps of replay and onpolicy, the hardware and the TPU
+targets; they hold here as written. On MATH, onpolicy's generated rollouts are 8,000
+problems at G = 8 on a host, about one epoch of the 7,500 training problems. Prompts up to
+1024 tokens, completions up to 1024, temperature 1.
 Evaluation: greedy pass@1 on the first 256 test problems and pass@8 on 64, every tenth
 of the run (MATH-500 as the test split works: 256 <= 500), at most R rows decoded at a
 time (eval.max_rows).

@@ -65,13 +65,12 @@ Reference model (design.md): vocab 512, 4 layers, d_model 256, 4 heads, 2 kv hea
 head_dim 64, MLP 1024, fp32; prompt 16 tokens, 64 new tokens.
 """
 
-import json
 import os
 import sys
 import time
 
 from absl import app, flags
-from benchmarks.common import bench_machine
+from benchmarks.common import bench_machine, print_and_write
 from benchmarks.covariance import bench_covariance
 from benchmarks.hand_tuned import bench_hand_tuned
 from benchmarks.placement import bench_placement
@@ -124,11 +123,7 @@ def main(argv):
         result.update(GROUPS[name](_REPEATS.value))
         result[f"{name}_bench_s"] = time.perf_counter() - start
     result["loadavg_end"] = list(os.getloadavg())
-    text = json.dumps(result, indent=2, sort_keys=True)
-    print(text)
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
-            f.write(text + "\n")
+    print_and_write(result, _OUT.value, indent=2, sort_keys=True)
 
 
 if __name__ == "__main__":

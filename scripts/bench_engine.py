@@ -32,7 +32,6 @@ token's CDF boundary); `length_spread`; `settings`; `commit`.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -98,6 +97,7 @@ def main(argv):
         PROMPT_LEN,
         bisect_stop_bias,
         commit,
+        print_and_write,
         reference_model_config,
     )
 
@@ -243,11 +243,7 @@ def main(argv):
         },
         "commit": commit(),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            f.write(text + "\n")
+    print_and_write(result, FLAGS.out, indent=2)
     return 0
 
 

@@ -27,7 +27,6 @@ useful_row_step_frac}`, `train.{step_s, rollouts_per_s, tokens_per_s, mfu, flops
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -340,12 +339,10 @@ def main(argv):
     if FLAGS.batch_size % FLAGS.microbatches or FLAGS.batch_size % 8:
         print("device_mu: --batch_size must be a multiple of 8 and of --microbatches")
         return 2
+    from benchmarks.common import print_and_write
+
     result = measure(FLAGS)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            f.write(text + "\n")
+    print_and_write(result, FLAGS.out, indent=2)
     return 0
 
 

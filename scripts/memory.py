@@ -31,23 +31,18 @@ under `unsupported` and left out, so the same command measures the code before a
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
 import json
 import os
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import abstract_step  # noqa: E402
+from benchmarks.common import print_and_write  # noqa: E402
 
 GIB = 2**30
 
-# Layer shapes of the issue's targets. `7b` is Qwen2.5-7B's layer (the pod mode adds its
-# depth, vocabulary and untied head); `0.5b` is Qwen2.5-0.5B's.
-SHAPES = {
-    "7b": dict(d_model=3584, num_heads=28, num_kv_heads=4, head_dim=128, mlp_dim=18944),
-    "0.5b": dict(d_model=896, num_heads=14, num_kv_heads=2, head_dim=64, mlp_dim=4864),
-    "tiny": dict(d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128),
-}
 # Qwen2.5-7B on a v5p-128 slice: 128 TensorCores, 64 chips (a chip's 2 cores are one
 # device), 256 sequences of 2048 tokens per step. Google's v5p page gives "95GB" of HBM2e
 # per chip; counted as 95e9 bytes (88.5 GiB), the smaller reading.
@@ -61,13 +56,6 @@ POD = dict(
     margin=0.2,
     tied=False,
 )
-MEMORY_FIELDS = (
-    "argument_size_in_bytes",
-    "output_size_in_bytes",
-    "alias_size_in_bytes",
-    "temp_size_in_bytes",
-    "generated_code_size_in_bytes",
-)
 
 
 def ints(text: str) -> list[int]:
@@ -77,7 +65,9 @@ def ints(text: str) -> list[int]:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="memory.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", default="single")
-    p.add_argument("--shape", default="7b", help=f"layer shape preset: {', '.join(SHAPES)}")
+    p.add_argument(
+        "--shape", default="7b", help=f"layer shape preset: {', '.join(abstract_step.SHAPES)}"
+    )
     p.add_argument("--layers", type=ints, default=[4, 8], help="comma-separated depths")
     p.add_argument("--batch", type=ints, default=[8], help="comma-separated global batch sizes")
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
@@ -95,8 +85,8 @@ def parse_args(argv):
     p.add_argument("--hlo", type=int, default=0, help="1: also count the compiled HLO's text")
     p.add_argument("--out", default="", help="also write the JSON here")
     args = p.parse_args(argv)
-    if args.shape not in SHAPES:
-        p.error(f"--shape={args.shape!r}: allowed are {', '.join(SHAPES)}")
+    if args.shape not in abstract_step.SHAPES:
+        p.error(f"--shape={args.shape!r}: allowed are {', '.join(abstract_step.SHAPES)}")
     if args.mode not in ("single", "slope", "microbatch", "vocab", "depth", "pod"):
         p.error(f"--mode={args.mode!r}: single, slope, microbatch, vocab, depth or pod")
     if len(args.mesh) != 3:
@@ -113,151 +103,8 @@ def _set_devices(count: int) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def model_config(shape: str, *, layers: int, vocab: int, seq: int, tied: bool, **options):
-    """A ModelConfig of the preset shape; options (scan_layers, remat_policy, attention,
-    dtype) the installed ModelConfig lacks come back in the second value."""
-    from replax.model import transformer as model_lib
-
-    fields = {f.name for f in dataclasses.fields(model_lib.ModelConfig)}
-    kwargs = dict(SHAPES[shape], num_layers=layers, vocab_size=vocab, max_len=seq)
-    kwargs.update(tie_embeddings=tied, param_dtype="float32")
-    unsupported = {}
-    for name, value in options.items():
-        if value in ("", None):
-            continue
-        if name in fields:
-            kwargs[name] = value
-        else:
-            unsupported[name] = value
-    return model_lib.ModelConfig(**kwargs), unsupported
-
-
-def abstract_batch(batch_size: int, seq: int, shardings) -> dict:
-    """ShapeDtypeStructs of a train-step batch (see replax.rl.train_step's docstring)."""
-    import jax
-    import jax.numpy as jnp
-
-    shapes = {
-        "tokens": ((batch_size, seq), jnp.int32),
-        "attention_mask": ((batch_size, seq), jnp.bool_),
-        "loss_mask": ((batch_size, seq), jnp.float32),
-        "behaviour_logprobs": ((batch_size, seq), jnp.float32),
-        "advantage": ((batch_size,), jnp.float32),
-        "reward": ((batch_size,), jnp.float32),
-        "baseline": ((batch_size,), jnp.float32),
-        "importance_weights": ((batch_size,), jnp.float32),
-        "age": ((batch_size,), jnp.int32),
-        "times_sampled": ((batch_size,), jnp.int32),
-    }
-    structs = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
-    if shardings is None:
-        return structs
-    return {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in structs.items()
-    }
-
-
-def _abstract_state(train_step_lib, model, optimizer, mesh, rules):
-    """(abstract TrainState with shardings, its shardings): the train step's own helper
-    when it has one, else eval_shape of its init with `train_state_shardings`."""
-    import flax.linen as nn
-    import jax
-
-    helper = getattr(train_step_lib, "abstract_train_state", None)
-    if helper is not None:
-        out = helper(model, optimizer, mesh, rules)
-        abstract = out[0] if isinstance(out, tuple) else out
-        shardings = jax.tree.map(lambda x: x.sharding, abstract)
-        return abstract, shardings
-    shardings = train_step_lib.train_state_shardings(model, optimizer, mesh, rules)
-    boxed = jax.eval_shape(train_step_lib._init_fn(model, optimizer, False), jax.random.key(0))
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        nn.unbox(boxed),
-        shardings,
-    )
-    return abstract, shardings
-
-
-def compile_step(
-    config,
-    *,
-    batch_size: int,
-    seq: int,
-    mesh_shape,
-    microbatches: int = 1,
-    chunk: int = 0,
-    state_dtype: str = "",
-    hlo: bool = False,
-) -> dict:
-    """Lowers and compiles one train step from abstract inputs; returns its figures."""
-
-    from replax.core import sharding
-    from replax.rl import objectives
-    from replax.rl import train_step as train_step_lib
-
-    unsupported = {}
-    opt_fields = {f.name for f in dataclasses.fields(train_step_lib.OptimizerConfig)}
-    opt_kwargs = dict(learning_rate=1e-6)
-    if state_dtype:
-        if "state_dtype" in opt_fields:
-            opt_kwargs["state_dtype"] = state_dtype
-        else:
-            unsupported["state_dtype"] = state_dtype
-    optimizer = train_step_lib.make_optimizer(train_step_lib.OptimizerConfig(**opt_kwargs))
-    mesh = sharding.make_mesh(mesh_shape)
-    rules = sharding.validate_rules(sharding.DEFAULT_RULES)
-    sharding.check_batch("batch", batch_size, mesh, rules)
-    from replax.model import transformer as model_lib
-
-    model = model_lib.Transformer(config)
-    state, state_shardings = _abstract_state(train_step_lib, model, optimizer, mesh, rules)
-    batch_sharding = train_step_lib.batch_shardings(
-        mesh, rules, abstract_batch(batch_size, seq, None)
-    )
-    batch = abstract_batch(batch_size, seq, batch_sharding)
-
-    step_options = {}
-    accepted = inspect.signature(train_step_lib.make_train_step).parameters
-    # Each option with the value that means "off" (what a step without it does).
-    options = (
-        ("num_microbatches", microbatches, 1),
-        ("logits_chunk_size", chunk, 0),
-    )
-    for name, value, off in options:
-        if name in accepted:
-            step_options[name] = value
-        elif value != off:
-            unsupported[name] = value
-    step = train_step_lib.make_train_step(
-        model,
-        optimizer,
-        objectives.LossConfig(name="ppo"),
-        mesh,
-        rules,
-        state_shardings,
-        batch_sharding,
-        **step_options,
-    )
-    start = time.perf_counter()
-    with sharding.activation_rules(mesh, rules):
-        lowered = step.jitted.lower(state, batch)
-    lowered_s = time.perf_counter() - start
-    start = time.perf_counter()
-    compiled = lowered.compile()
-    compile_s = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
-    out = {f: int(getattr(analysis, f)) for f in MEMORY_FIELDS}
-    out.update(lower_seconds=round(lowered_s, 2), compile_seconds=round(compile_s, 2))
-    if hlo:
-        text = compiled.as_text()
-        out.update(hlo_chars=len(text), hlo_lines=text.count("\n"))
-    out["unsupported"] = unsupported
-    return out
-
-
 def figures(args, *, layers, batch, vocab, microbatches=None) -> dict:
-    config, unsupported = model_config(
+    config, unsupported = abstract_step.model_config(
         args.shape,
         layers=layers,
         vocab=vocab,
@@ -268,7 +115,7 @@ def figures(args, *, layers, batch, vocab, microbatches=None) -> dict:
         attention=args.attention,
         dtype=args.dtype,
     )
-    result = compile_step(
+    result = abstract_step.compile_step(
         config,
         batch_size=batch,
         seq=args.seq,
@@ -303,7 +150,7 @@ def state_bytes_per_chip(config, chips: int) -> int:
     optimizer = train_step_lib.make_optimizer(train_step_lib.OptimizerConfig(learning_rate=1e-6))
     mesh = sharding.make_mesh((1, -1, 1))
     rules = sharding.validate_rules(sharding.DEFAULT_RULES)
-    state, _ = _abstract_state(
+    state, _ = abstract_step.abstract_state(
         train_step_lib, model_lib.Transformer(config), optimizer, mesh, rules
     )
     total = 0
@@ -335,7 +182,7 @@ def pod_estimate(args) -> dict:
     slope = (r2["temp_size_in_bytes"] - r1["temp_size_in_bytes"]) / (n2 - n1)
     fixed_temp = r1["temp_size_in_bytes"] - n1 * slope
     depth = POD["layers"]
-    config, _ = model_config(
+    config, _ = abstract_step.model_config(
         args.shape,
         layers=depth,
         vocab=POD["vocab"],
@@ -451,11 +298,7 @@ def main(argv=None) -> int:
     except ValueError as e:  # a bad shape, dtype, option or batch: before compiling
         print(f"memory.py: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_and_write(result, args.out, indent=1)
     return 0
 
 

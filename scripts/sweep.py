@@ -41,7 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from replax.config import spec as spec_lib  # noqa: E402
 from replax.core import config_utils
-from replax.tools import analysis
+from replax.tools import analysis, study_render
 from replax.tools import experiments as ex  # noqa: E402
 from replax.tools import report as report_lib
 
@@ -62,11 +62,7 @@ NEVER_KEYS = ("gen_tokens_to_target", "cost_to_target", "cost_to_target_at_mu_me
 def define_flags(values) -> None:
     """sweep.py's own flags (ex.parse_command_line adds --config, --workdir, --override
     and --compilation_cache)."""
-    from absl import flags
-
-    def define(kind, name, default, text, **kwargs):
-        getattr(flags, f"DEFINE_{kind}")(name, default, text, flag_values=values, **kwargs)
-
+    define = ex.flag_definer(values)
     define("string", "variant", "replay", "The config variant of every cell.")
     define("string", "target_from", "", "A compare.json: target, rate, mu, budget, bases.")
     define("float", "target", None, "Target accuracy (instead of --target_from's).")
@@ -348,59 +344,6 @@ def table(payload) -> str:
     return report_lib.markdown_table(header, rows) + notes
 
 
-def plot(payload, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import LogNorm, Normalize
-
-    grid = [c for c in payload["cells"] if c["kind"] == "grid"]
-    xs = sorted({c["x"] for c in grid})
-    ys = sorted({c["y"] for c in grid})
-    values = np.full((len(ys), len(xs)), np.nan)
-    for c in grid:
-        if c["feasible"] and c.get("cost_to_target") is not None:
-            values[ys.index(c["y"]), xs.index(c["x"])] = c["cost_to_target"]
-    fig, ax = plt.subplots(figsize=(1.6 * len(xs) + 2.5, 1.3 * len(ys) + 1.8))
-    finite = values[np.isfinite(values)]
-    norm = None
-    if finite.size:
-        lo, hi = finite.min(), finite.max()
-        # Costs span orders of magnitude: a log scale unless one is 0.
-        norm = LogNorm(lo, max(hi, lo * 1.01)) if lo > 0 else Normalize(lo, max(hi, lo + 1))
-    image = ax.imshow(values, origin="lower", cmap="viridis_r", norm=norm, aspect="auto")
-    for c in grid:
-        i, j = ys.index(c["y"]), xs.index(c["x"])
-        if not c["feasible"]:
-            text, colour = "n/a", "grey"
-        elif c.get("cost_to_target") is None:
-            ax.add_patch(
-                plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", color="grey")
-            )
-            text, colour = f"never\n{report_lib.fmt(c.get('final_accuracy'), 'pct')}", "black"
-        else:
-            text = f"{c['cost_to_target']:,.0f}"
-            if c.get("compute_ratio") is not None:
-                text += f"\n{c['compute_ratio']:.2f}x"
-            colour = "white" if norm and norm(c["cost_to_target"]) > 0.5 else "black"
-        ax.text(j, i, text, ha="center", va="center", color=colour, fontsize=9)
-    ax.set_xticks(range(len(xs)), [_label(x) for x in xs])
-    ax.set_yticks(range(len(ys)), [_label(y) for y in ys])
-    ax.set_xlabel("staleness horizon x = N / R")
-    ax.set_ylabel("replay ratio y = B / R")
-    ax.set_title(
-        f"cost to {100 * payload['target_accuracy']:.1f}% (mu = {payload['mu_model']:g}; "
-        f"ratio to on-policy total), R = {payload['R']}"
-    )
-    if finite.size:
-        fig.colorbar(image, ax=ax, label="rollouts trained + mu x generated")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     t0, load_start = time.time(), report_lib.load_average()
@@ -414,7 +357,7 @@ def main(argv=None) -> int:
     os.makedirs(sweep.workdir, exist_ok=True)
     with ex.compilation_cache(ex.cache_dir(args.compilation_cache, sweep.workdir)):
         payload = run_and_summarize(sweep)
-    plot_to = lambda path: plot(payload, path)  # noqa: E731
+    plot_to = lambda path: study_render.plot_cost_heatmap(payload, path)  # noqa: E731
     report_lib.write_report(
         sweep.workdir, "sweep", payload, table(payload), plot_to, argv, t0, load_start
     )

@@ -2,7 +2,9 @@
 
 Each package's docstring ends with a `May import:` line; every import of replax in the
 package, deferred and type-checking ones included, must name the package itself or one
-listed there. The module graph has no cycle (inside a package either).
+listed there. The module graph has no cycle (inside a package either). The run object
+(replax.run.assemble.Run) stays in run/ and above: a package run/ builds on never takes
+it, a dependency the import graph cannot see.
 """
 
 import ast
@@ -14,6 +16,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "replax"
 MAX_MODULE_LINES = 400
+SCRIPTS = ROOT / "scripts"
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -111,6 +114,49 @@ def test_the_layout_checker_sees_a_cycle_and_an_upward_import():
     assert "replax.model.transformer" in GRAPH["replax.sampling.decode"]
 
 
+def _run_object_reads(source: str) -> list[str]:
+    """Where a source takes a parameter called `run` or reads an attribute of something so
+    called (`run.sampler`, `self.run.task`): a package below run/ handed the run object.
+    Assigning an attribute (`run.jitted = jitted` on a local function) is no read."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.arg) and node.arg == "run":
+            found.append((node.lineno, "a parameter `run`"))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "run") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "run"
+            ):
+                found.append((node.lineno, ast.unparse(node)))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+@pytest.mark.parametrize("package", sorted(_allowed("run")))
+def test_no_package_below_run_reads_the_run_object(package):
+    # rl/ and the rest take the parts they need (sampler, mesh, rules, ...) as arguments;
+    # what reads the run object lives in run/ (e.g. replax.run.disjoint).
+    wrong = [
+        f"{module}, {where}"
+        for module, path in MODULES.items()
+        if _package(module) == package
+        for where in _run_object_reads(path.read_text())
+    ]
+    assert not wrong, wrong
+
+
+def test_the_run_object_checker_sees_reads_and_parameters():
+    reads = _run_object_reads(
+        "def f(run):\n    return run.sampler\n"
+        "class D:\n    def go(self):\n        return self.run.task\n"
+    )
+    assert reads == [
+        "line 1: a parameter `run`",
+        "line 2: run.sampler",
+        "line 5: self.run.task",
+    ]
+    assert _run_object_reads("def g(f):\n    run = f\n    run.jitted = f\n") == []
+
+
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.count(".") == 2))
 def test_each_module_has_its_test_file(module):
     _, package, name = module.split(".")
@@ -124,3 +170,13 @@ def test_each_module_has_its_test_file(module):
 def test_modules_stay_short(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{module}: {lines} lines (at most {MAX_MODULE_LINES})"
+
+
+@pytest.mark.parametrize(
+    "script", sorted(str(p.relative_to(ROOT)) for p in SCRIPTS.rglob("*.py")), ids=str
+)
+def test_scripts_stay_short(script):
+    # A script is its flags and main; what it drives lives in the library (replax/tools) or
+    # in a helper module beside it (scripts/benchmarks, scripts/baselines).
+    lines = len((ROOT / script).read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{script}: {lines} lines (at most {MAX_MODULE_LINES})"

@@ -6,7 +6,8 @@
   KL, entropy) and the covariance-based entropy controls.
 - `gradients`: the loss and its gradient over microbatches (log-probs chunked).
 - `train_step`: the compiled, sharded optimizer step.
-- `placement`: colocated or disjoint sampler and trainer devices.
+- `placement`: the plan of disjoint placement: the sampler's devices and the fixed
+  schedule of its generations.
 - `weight_sync`: the weight copy to a disjoint sampler (with LoRA, the adapters alone).
 - `evaluation`: greedy accuracy and pass@k on held-out prompts.
 

@@ -107,7 +107,8 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     devices = list(jax.devices() if devices is None else devices)
     rules = sharding.validate_rules(spec.mesh.rules)
     # Disjoint placement: the sampler takes devices of its own, the trainer the rest.
-    sampler_devices = placement.sampler_device_count(spec, len(devices))
+    r = spec.rollout
+    sampler_devices = placement.sampler_device_count(r.placement, r.num_devices, len(devices))
     train_devices, rollout_devices = placement.split_devices(sampler_devices, devices)
     rollout_devices = rollout_devices if sampler_devices else train_devices
     mesh = sharding.make_mesh(spec.mesh.shape, devices=train_devices)
@@ -139,7 +140,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         rules,
         state_shardings,
         batch_sharding,
-        temperature=spec.rollout.temperature,
+        temperature=r.temperature,
         half_batch_stats=schedule.half_batch_stats,
         vocab_size=tokenizer.sample_limit,
         **spec.train_step_kwargs(),
@@ -151,7 +152,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
             buffer,
-            group_size=spec.rollout.group_size,
+            group_size=r.group_size,
             batch_size=spec.train.batch_size,
             normalize_std=spec.loss.normalize_std,
             drop_zero_advantage=spec.replay.drop_zero_advantage,
@@ -169,14 +170,12 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         pad_id=tokenizer.pad_id,
         mesh=sampler_mesh,
         rules=rules,
-        **spec.rollout.sampler_kwargs(),
+        **r.sampler_kwargs(),
     )
-    if spec.rollout.slots:
+    if r.slots:
         # The engine stands where the sampler does: same calls, same rollouts as the
         # static sampler with rollout keys, S slots of cache.
-        sampler = engine_lib.make_engine(
-            sampler, slots=spec.rollout.slots, refill_every=spec.rollout.refill_every
-        )
+        sampler = engine_lib.make_engine(sampler, slots=r.slots, refill_every=r.refill_every)
     return Run(
         spec=spec,
         workdir=workdir,

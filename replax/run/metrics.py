@@ -21,7 +21,7 @@ TIMING_KEYS = (
     "mu_measured",
     "step_s",
     "gen_tokens_per_s",
-    # Disjoint placement's (replax.rl.placement).
+    # Disjoint placement's (replax.run.disjoint).
     "sampler_busy_frac",
     "trainer_busy_frac",
     "sync_s",
@@ -34,7 +34,7 @@ TIMING_KEYS = (
 
 
 # metrics.jsonl keys that TensorBoard shows under placement/ (disjoint placement's,
-# replax.rl.placement) and under replay/ besides those named replay_* (the off-policy
+# replax.run.disjoint) and under replay/ besides those named replay_* (the off-policy
 # correction of replayed rollouts, the auto schedule's).
 PLACEMENT_KEYS = (
     "policy_lag_mean",

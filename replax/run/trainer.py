@@ -28,7 +28,6 @@ from replax.config import spec as spec_lib
 from replax.core import lost_host, processes
 from replax.replay import auto as auto_replay
 from replax.replay import schedules
-from replax.rl import placement
 from replax.rl import train_step as train_step_lib
 from replax.run import checkpoint as checkpoint_lib
 from replax.run import frozen_base, progress, runtime, steps
@@ -42,6 +41,7 @@ from replax.run.assemble import (
     initial_params,
     prepare_data,
 )
+from replax.run.disjoint import DisjointRollouts
 
 
 def train(
@@ -106,7 +106,7 @@ class LoopState:
     # Completions whose reward function raised (each scored 0), since the run began.
     reward_errors: int = 0
     # Disjoint placement: the generation in flight at the checkpoint, finished into it
-    # (replax.rl.placement.DisjointRollouts.pending_state), until the loop takes it back.
+    # (replax.run.disjoint.DisjointRollouts.pending_state), until the loop takes it back.
     pending: dict[str, Any] | None = None
     # With LoRA, the base the adapters belong to (`frozen_base.fingerprint`); None without.
     lora_base: dict[str, str] | None = None
@@ -186,7 +186,7 @@ def run_loop(
     t_start = time.time() - loop.wall_s
     disjoint = None
     if c.rollout.placement == "disjoint":  # the sampler on its own devices, in a thread
-        disjoint = placement.DisjointRollouts(run, base_key, c.total_steps)
+        disjoint = DisjointRollouts(run, base_key, c.total_steps)
         disjoint.resume(loop.step, loop.pending)
         loop.pending = None
     spent = lambda: bool(c.total_rollouts) and account.gen_rollouts >= c.total_rollouts

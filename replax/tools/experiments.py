@@ -30,6 +30,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "arith.py")
 
 
+def flag_definer(values) -> Callable[..., None]:
+    """define(kind, name, default, text, **kwargs): absl's DEFINE_kind into `values`, a
+    study script's own FlagValues (parse_command_line's `define` gets them)."""
+    from absl import flags
+
+    def define(kind: str, name: str, default, text: str, **kwargs) -> None:
+        getattr(flags, f"DEFINE_{kind}")(name, default, text, flag_values=values, **kwargs)
+
+    return define
+
+
 def parse_command_line(prog: str, argv: list[str], define: Callable[[Any], None]):
     """The absl FlagValues of a study script's command line: `--config=FILE[:ARG]` and
     `--config.KEY=VALUE` (ml_collections config_flags, as scripts/train.py reads them;

@@ -1,7 +1,9 @@
-"""The reference model of the benchmark (design.md), timing helpers, and the machine's
-matmul rate and memory bandwidth probed around each measurement."""
+"""The reference model of the benchmark (design.md), timing helpers, the machine's
+matmul rate and memory bandwidth probed around each measurement, and how a benchmark
+script hands back its JSON."""
 
 import functools
+import json
 import os
 import statistics
 import subprocess
@@ -97,6 +99,16 @@ def commit() -> str:
     except OSError:
         return "unknown"
     return out.stdout.decode().strip() or "unknown"
+
+
+def print_and_write(result: dict, out: str | None, **dumps) -> None:
+    """A script's result: printed as JSON (json.dumps with `dumps`, e.g. indent) and, when
+    `out` names a file, written there too with a final newline."""
+    text = json.dumps(result, **dumps)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
 
 
 def bisect_stop_bias(median_length, target: float, low: float, high: float, iterations: int):

@@ -1,6 +1,6 @@
 """Tests for replax/run/steps.py: a step's cost in the compute account, what the schedule
 is told, the step's record, and disjoint placement's lag (the loop itself runs end to end
-in tests/run/test_trainer.py and tests/rl/test_placement.py)."""
+in tests/run/test_trainer.py and tests/run/test_disjoint.py)."""
 
 import types
 

@@ -72,3 +72,15 @@ def test_the_default_config_declares_its_variants():
     variants = experiments.config_variants(experiments.DEFAULT_CONFIG)
     assert {"replay", "onpolicy"} <= set(variants)
     assert experiments.file_config(experiments.DEFAULT_CONFIG + ":onpolicy").seed is not None
+
+
+def test_flag_definer_defines_into_the_scripts_own_flags():
+    from absl import flags
+
+    values = flags.FlagValues()
+    define = experiments.flag_definer(values)
+    define("integer", "seeds", 3, "Seeds.", lower_bound=1)
+    define("list", "levels", [], "Levels.")
+    values(["prog", "--seeds=2", "--levels=0.5,0.6"])
+    assert (values.seeds, values.levels) == (2, ["0.5", "0.6"])
+    assert "seeds" not in flags.FLAGS

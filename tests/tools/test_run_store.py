@@ -69,3 +69,48 @@ def test_keep_copies_the_small_files_and_index_finds_them(tmp_path):
     found = run_store.index([str(tmp_path / "kept"), str(tmp_path / "study")])
     assert found == {run_store.fingerprint(config()): str(kept)}
     assert run_store.index([str(tmp_path / "study")])[run_store.fingerprint(config())] == str(run)
+
+
+def test_a_kept_run_and_a_plan_that_would_run_alike_share_the_fingerprint():
+    # A run kept before replay.auto_min_y and warmstart.num_examples existed (migration
+    # gives it 0 and 20,000) against today's plan (1, and 0: sized automatically).
+    def run(mode="fixed", init="checkpoint", num_train=0, **settings):
+        c = config()
+        c["model"]["init"] = init
+        c["task"]["num_train"] = num_train
+        c["replay"] = {"mode": mode}
+        for key, value in settings.items():
+            section, leaf = key.split("__")
+            c[section][leaf] = value
+        return c
+
+    kept = run()
+    today = run(replay__auto_min_y=1.0, warmstart__num_examples=0)
+    # Neither has an effect here (fixed replay, a checkpoint rather than a warm start).
+    assert run_store.fingerprint(today) == run_store.fingerprint(kept)
+    # The kept run's own fingerprint (and its folder's name) stays as it was.
+    assert run_store.settings(kept)["replay.auto_min_y"] == 0.0
+    assert run_store.settings(kept)["warmstart.num_examples"] == 20_000
+    # Under auto replay the floor on y is part of the run.
+    auto = run(mode="auto")
+    assert run_store.fingerprint(run(mode="auto", replay__auto_min_y=1.0)) != (
+        run_store.fingerprint(auto)
+    )
+    assert run_store.fingerprint(run(mode="auto", replay__auto_min_y=0.0)) == (
+        run_store.fingerprint(auto)
+    )
+    # A warm start's pool: 0 is the train split as the task holds it (task.num_train), as
+    # the trainer resolves it; 0 with the whole of a file stays 0 (its size is the data's).
+    warm = run(init="warmstart", num_train=20_000)
+    assert run_store.fingerprint(
+        run(init="warmstart", num_train=20_000, warmstart__num_examples=0)
+    ) == (run_store.fingerprint(warm))
+    assert run_store.fingerprint(
+        run(init="warmstart", num_train=7_000, warmstart__num_examples=0)
+    ) != (run_store.fingerprint(run(init="warmstart", num_train=7_000)))
+    assert (
+        run_store.settings(run(init="warmstart", warmstart__num_examples=0))[
+            "warmstart.num_examples"
+        ]
+        == 0
+    )
