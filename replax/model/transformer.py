@@ -48,7 +48,7 @@ class Attention(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
+    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None, layer=None):
         # x: [B, T, E]; positions: [B, T]; attn_mask: [B, T, S] (True = may attend), or
         # for 'splash' the token mask [B, T] of a causal self-attention over this call's
         # tokens (a full forward, or a prefill from cache slot 0; the kernel is causal).
@@ -104,9 +104,14 @@ class Attention(nn.Module):
             # Write this call's keys/values at slots [cache_index, cache_index + T) and
             # attend over the whole cache; the mask hides empty and padding slots.
             # cache_index int32[B] (the rollout engine): each row writes at its own slot.
-            k = _write_cache(layer_cache["k"], k, cache_index)
-            v = _write_cache(layer_cache["v"], v, cache_index)
+            # With `layer` the cache is every layer's ([L, B, KV, S, D], the scanned
+            # decoder's carry): only this layer's new slots are written, then read back.
+            k = _write_cache(layer_cache["k"], k, cache_index, layer)
+            v = _write_cache(layer_cache["v"], v, cache_index, layer)
             new_cache = {"k": k, "v": v}
+            if layer is not None:
+                k = jax.lax.dynamic_index_in_dim(k, layer, 0, keepdims=False)
+                v = jax.lax.dynamic_index_in_dim(v, layer, 0, keepdims=False)
             k, v = k.astype(dt), v.astype(dt)
 
         if attn_mask.ndim == 2:  # 'splash': causal over this call's own tokens
@@ -124,14 +129,20 @@ class Attention(nn.Module):
         return out, new_cache
 
 
-def _write_cache(cache, x, cache_index):
+def _write_cache(cache, x, cache_index, layer=None):
     """cache [B, KV, S, D] with x [B, KV, T, D] written at slots [i, i + T): i a scalar for
-    every row, or int32[B] one per row (a scatter of each row's own slice)."""
+    every row, or int32[B] one per row (a scatter of each row's own slice). With `layer`
+    the cache is [L, B, KV, S, D] and only that layer's slots are written."""
     x = x.astype(cache.dtype)
+    if layer is None:
+        if jnp.ndim(cache_index) == 0:
+            return jax.lax.dynamic_update_slice(cache, x, (0, 0, cache_index, 0))
+        row = lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, i, 0))
+        return jax.vmap(row)(cache, x, cache_index)
     if jnp.ndim(cache_index) == 0:
-        return jax.lax.dynamic_update_slice(cache, x, (0, 0, cache_index, 0))
-    row = lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, i, 0))
-    return jax.vmap(row)(cache, x, cache_index)
+        return jax.lax.dynamic_update_slice(cache, x[None], (layer, 0, 0, cache_index, 0))
+    row = lambda c, u, i: jax.lax.dynamic_update_slice(c, u[None], (layer, 0, i, 0))
+    return jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)(cache, x, cache_index)
 
 
 class MLP(nn.Module):
@@ -167,17 +178,26 @@ class Block(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None):
+    def __call__(self, x, positions, attn_mask, layer_cache=None, cache_index=None, layer=None):
         attn_out, new_cache = Attention(self.config, name="attn")(
             layers_lib.RMSNorm(self.config, name="attn_norm")(x),
             positions,
             attn_mask,
             layer_cache,
             cache_index,
+            layer,
         )
         x = layers_lib.constrain(x + attn_out, ("batch", "length", "embed"))
         x = x + MLP(self.config, name="mlp")(layers_lib.RMSNorm(self.config, name="mlp_norm")(x))
         return layers_lib.constrain(x, ("batch", "length", "embed")), new_cache
+
+    def carried(self, carry, layer, positions, attn_mask, cache_index):
+        """One step of the scanned decoder: the carry is (x, the whole cache [L, ...]).
+        Scanning the cache as a per-layer input would slice it out and stack a new one
+        every call (the whole cache read and written per decode step); carried, each layer
+        updates only its new slots in place."""
+        x, cache = carry
+        return self(x, positions, attn_mask, cache, cache_index, layer), None
 
 
 class Transformer(nn.Module):
@@ -244,18 +264,33 @@ class Transformer(nn.Module):
             block = nn.remat(
                 Block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers
             )
-        if cfg.scan_layers:
-            # x is the carry; the cache ({'k', 'v'} of [L, B, KV, S, D]) is scanned over
-            # with the params, and the updated one comes back stacked the same way.
+        if cfg.scan_layers and cache is None:
+            # x is the carry; the params are scanned over.
             layers = nn.scan(
                 block,
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                in_axes=(nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            x, new_cache = layers(cfg, name="layers")(x, positions, attn_mask, cache, cache_index)
+            x, new_cache = layers(cfg, name="layers")(x, positions, attn_mask)
+        elif cfg.scan_layers:
+            # The carry is x and the cache ({'k', 'v'} of [L, B, KV, S, D]); the scanned
+            # input is the layer index (Block.carried).
+            layers = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+                methods=["carried"],
+            )
+            layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+            (x, new_cache), _ = layers(cfg, name="layers").carried(
+                (x, cache), layer_ids, positions, attn_mask, cache_index
+            )
         else:
             new_cache = []
             for i in range(cfg.num_layers):

@@ -15,11 +15,13 @@ long enough for it, so that early steps do not read slots that are not written y
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from replax.model import layers
 from replax.model import transformer as model_lib
@@ -44,6 +46,45 @@ def _segment_ends(num_steps: int) -> tuple[int, ...]:
     """Exclusive end step of each segment of the decode loop, e.g. 64 -> (16, 32, 48, 64)."""
     length = max(_MIN_SEGMENT_STEPS, -(-num_steps // _MAX_SEGMENTS))
     return tuple(range(length, num_steps, length)) + (num_steps,)
+
+
+def vocab_axes(vocab: int) -> tuple[str, ...] | None:
+    """The mesh axes (those of size > 1) to split a vocabulary of this size over, or None
+    off a mesh or where it does not divide."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None
+    axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
+    if not axes or vocab % math.prod(mesh.shape[a] for a in axes):
+        return None
+    return axes
+
+
+def decode_head(params, config: model_lib.ModelConfig):
+    """The output projection [E, V] laid out for decoding: split over the vocabulary
+    across every axis of the mesh. The training layout splits it over the embedding
+    (fsdp), so each decode step would gather all of it into every device's HBM and read
+    it back (on the real configs the largest item of a step). Laid out once a generation
+    by the vocabulary, a step reads only its device's share; `step_logits` then hands
+    each row's logits to the row's device. Unchanged off a mesh, or where the vocabulary
+    does not divide."""
+    head = model_lib.output_head(flax.linen.meta.unbox(params), config)
+    axes = vocab_axes(head.shape[1])
+    if axes is None:
+        return head
+    return jax.lax.with_sharding_constraint(head, P(None, axes))
+
+
+def step_logits(model: model_lib.Transformer, params, head, tokens, positions, **cached):
+    """(fp32 logits [B, T, V], cache) of a cached model call through `decode_head`'s
+    head: computed split by vocabulary (the rows' final states [B, T, E] are kilobytes
+    to gather), then split by rows for sampling (each row's V logits to its device)."""
+    hidden, cache = model.apply({"params": params}, tokens, positions, return_hidden=True, **cached)
+    logits = layers.dense(hidden, head).astype(jnp.float32)  # [B, T, V]
+    axes = vocab_axes(head.shape[1])
+    if axes is not None:
+        logits = jax.lax.with_sharding_constraint(logits, P(None, None, axes))
+    return layers.constrain(logits, ("batch", "length", None)), cache
 
 
 def _constrain_cache(cache, config: model_lib.ModelConfig):
@@ -195,7 +236,6 @@ def decode(
     rows = b * num_samples
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32))
     n = max_new_tokens
-    variables = {"params": params}
     prompt_positions = model_lib.positions_from_mask(prompt_mask)  # [B, P]
     kv_mask = _kv_mask(prompt_mask, n)  # [B, S]
 
@@ -213,11 +253,15 @@ def decode(
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # [B, ...] -> [R, ...]
     kv_mask, last_positions = repeat(kv_mask), repeat(prompt_positions[:, -1])
 
+    head = decode_head(params, model.config)  # once a generation, not once a step
+
     def next_logits(cache, last_tokens, step, kv_mask):
         """Logits for the token at `step`, fed the token before it at slot P - 1 + step."""
         positions = (last_positions + step)[:, None]  # [R, 1]
-        logits, cache = model.apply(
-            variables,
+        logits, cache = step_logits(
+            model,
+            params,
+            head,
             last_tokens[:, None],
             positions,
             cache=cache,

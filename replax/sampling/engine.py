@@ -34,9 +34,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.layout import Format, Layout
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from replax.core import sharding
 from replax.model import transformer as model_lib
+from replax.sampling import decode as decode_lib
 from replax.sampling import slots as slots_lib
 from replax.sampling.decode import SampleOutput
 from replax.sampling.slots import EngineStats
@@ -132,9 +136,17 @@ class Engine:
         def prefill(params, ids, mask, key):
             return slots_lib.prefill_queue(params, ids, mask, key, 0, g, settings)
 
-        def one_chunk(params, state, queue, table):
+        def one_chunk(params, head, state, queue, table):
             zero = jnp.zeros((), jnp.int32)
-            return slots_lib.chunk(params, state, queue, table, zero, sampling, g, settings)
+            return slots_lib.chunk(params, head, state, queue, table, zero, sampling, g, settings)
+
+        def abstract_head():
+            # As `run` lays it out once a generation, before its chunks.
+            head = lambda params: decode_lib.decode_head(params, settings.model.config)
+            shape = jax.eval_shape(head, params)
+            axes = decode_lib.vocab_axes(shape.shape[1])
+            split = None if axes is None else NamedSharding(self.mesh, P(None, axes))
+            return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=split)
 
         def abstract(tree):
             return jax.tree_util.tree_map(
@@ -162,12 +174,40 @@ class Engine:
             table = abstract(
                 jax.eval_shape(lambda: slots_lib.empty_table(num_prompts * g, settings))
             )
-            jitted = jax.jit(one_chunk, donate_argnums=(1,))
-            return jitted.lower(params, abstract_slots(), queue, table)
+            state = abstract_slots()
+            state_in = free_layouts(state)
+            table_out = jax.tree_util.tree_map(lambda x: x.sharding, table)
+            jitted = jax.jit(
+                one_chunk,
+                donate_argnums=(2,),
+                in_shardings=(None, None, state_in, None, None),
+                out_shardings=(state_in, table_out, replicated, replicated),
+            )
+            return jitted.lower(params, abstract_head(), state, queue, table)
+
+        def free_layouts(state):
+            # Inside engine_generate the slots' cache is made in the program and its
+            # layout is the compiler's choice; lowered alone, a program taking it as an
+            # argument would otherwise pin the default layout and transpose on the way in
+            # and out (a whole-cache copy each way that the real loop never makes).
+            auto = lambda x: Format(Layout.AUTO, x.sharding)
+            cache = jax.tree_util.tree_map(auto, state.cache)
+            rows = jax.tree_util.tree_map(lambda x: x.sharding, state.replace(cache=None))
+            return rows.replace(cache=cache)
 
         def lower_step():
-            step = lambda params, state: slots_lib.decode_step(params, state, sampling, settings)
-            return jax.jit(step, donate_argnums=(1,)).lower(params, abstract_slots())
+            def step(params, head, state):
+                return slots_lib.decode_step(params, head, state, sampling, settings)
+
+            state = abstract_slots()
+            layouts = free_layouts(state)
+            jitted = jax.jit(
+                step,
+                donate_argnums=(2,),
+                in_shardings=(None, None, layouts),
+                out_shardings=layouts,
+            )
+            return jitted.lower(params, abstract_head(), state)
 
         args = (params, ids, mask, key)
         return {

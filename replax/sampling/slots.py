@@ -155,6 +155,41 @@ def harvest(state: Slots, table, settings: Settings):
     return state.replace(rollout=jnp.where(finished, -1, state.rollout)), table
 
 
+def _copy_admitted(cache, prefix, take, prompt):
+    """Each admitted slot's cache (leaves [.., S, KV, C, D], slot axis -4) takes its
+    prompt's prefix (leaves [.., B, KV, P - 1, D]) in its first P - 1 positions, written
+    in place one admitted slot at a time: the other slots' caches are not touched (a
+    select over every slot would read and write all their prefixes each refill)."""
+    order = jnp.argsort(~take, stable=True)  # the admitted slots first
+    count = jnp.sum(take, dtype=jnp.int32)
+
+    def put(i, cache):
+        slot = order[i]
+
+        def one(slot_cache, prompt_cache):
+            axis = slot_cache.ndim - 4
+            rows = jax.lax.dynamic_slice_in_dim(prompt_cache, prompt[slot], 1, axis)
+            start = [0] * slot_cache.ndim
+            start[axis] = slot
+            return jax.lax.dynamic_update_slice(slot_cache, rows.astype(slot_cache.dtype), start)
+
+        return jax.tree_util.tree_map(one, cache, prefix)
+
+    # A static bound (S) with the slots past `count` skipped keeps the loop countable.
+    body = lambda i, cache: jax.lax.cond(i < count, lambda c: put(i, c), lambda c: c, cache)
+    return jax.lax.fori_loop(0, take.shape[0], body, cache)
+
+
+def _slots_split(settings) -> bool:
+    """Whether the slot axis of the cache is split over devices under the current mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return False
+    axes = flax.linen.logical_to_mesh_axes(("batch",), flax.linen.get_logical_axis_rules())[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return any(mesh.shape[a] > 1 for a in axes)
+
+
 def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
     """Free slots take the next queued rollouts in order: queue entries next_rollout ...
     (while < num_queued), each copying its prompt's prefix into the slot's cache. Returns
@@ -165,49 +200,55 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     new = jnp.where(take, new, 0)
     prompt = new // num_samples
 
-    def fill(state: Slots) -> Slots:
-        cache = state.cache
-        if queue.prefix is not None:
-            prefix_len = jax.tree_util.tree_leaves(queue.prefix)[0].shape[-2]
+    # No lax.cond around this on whether any slot is admitted: a branch that may update
+    # the slots' cache made whole copies of it (most refills admit some slot anyway).
+    cache = state.cache
+    if queue.prefix is not None and not _slots_split(settings):
+        cache = _copy_admitted(cache, queue.prefix, take, prompt)
+    elif queue.prefix is not None:
+        # Slots split over the data shards: a dynamic slot index on that axis would make
+        # the partitioner gather every slot's cache, so every slot's prefix is selected.
+        prefix_len = jax.tree_util.tree_leaves(queue.prefix)[0].shape[-2]
 
-            def copy(slot_cache, prompt_cache):
-                head = jax.lax.slice_in_dim(slot_cache, 0, prefix_len, axis=slot_cache.ndim - 2)
-                head = _where_rows(take, _rows(prompt_cache, prompt), head)
-                return jax.lax.dynamic_update_slice(slot_cache, head, [0] * slot_cache.ndim)
+        def copy(slot_cache, prompt_cache):
+            head = jax.lax.slice_in_dim(slot_cache, 0, prefix_len, axis=slot_cache.ndim - 2)
+            head = _where_rows(take, _rows(prompt_cache, prompt), head)
+            return jax.lax.dynamic_update_slice(slot_cache, head, [0] * slot_cache.ndim)
 
-            cache = jax.tree_util.tree_map(copy, cache, queue.prefix)
-            cache = decode_lib._constrain_cache(cache, settings.model.config)
-        pick = lambda new_value, old: jnp.where(
-            take.reshape((-1,) + (1,) * (old.ndim - 1)), new_value, old
-        )
-        return state.replace(
-            cache=cache,
-            kv_mask=pick(queue.kv_mask[prompt], state.kv_mask),
-            last_tokens=pick(queue.last_tokens[prompt], state.last_tokens),
-            last_positions=pick(queue.last_positions[prompt], state.last_positions),
-            step=pick(0, state.step),
-            rollout=pick(new, state.rollout),
-            done=pick(False, state.done),
-            uniforms=pick(queue.uniforms[new], state.uniforms),
-            tokens=pick(settings.pad_id, state.tokens),
-            logprobs=pick(0.0, state.logprobs),
-        )
-
+        cache = jax.tree_util.tree_map(copy, cache, queue.prefix)
+        cache = decode_lib._constrain_cache(cache, settings.model.config)
+    pick = lambda new_value, old: jnp.where(
+        take.reshape((-1,) + (1,) * (old.ndim - 1)), new_value, old
+    )
+    state = state.replace(
+        cache=cache,
+        kv_mask=pick(queue.kv_mask[prompt], state.kv_mask),
+        last_tokens=pick(queue.last_tokens[prompt], state.last_tokens),
+        last_positions=pick(queue.last_positions[prompt], state.last_positions),
+        step=pick(0, state.step),
+        rollout=pick(new, state.rollout),
+        done=pick(False, state.done),
+        uniforms=pick(queue.uniforms[new], state.uniforms),
+        tokens=pick(settings.pad_id, state.tokens),
+        logprobs=pick(0.0, state.logprobs),
+    )
     admitted = jnp.any(take)
-    state = jax.lax.cond(admitted, fill, lambda x: x, state)
     return state, next_rollout + jnp.sum(take, dtype=jnp.int32), admitted
 
 
-def decode_step(params, state: Slots, sampling: SamplingConfig, settings: Settings) -> Slots:
+def decode_step(params, head, state: Slots, sampling: SamplingConfig, settings: Settings) -> Slots:
     """One decode step of every slot: each live slot feeds its last token, writes its keys
     and values at its own cache slot and samples its next token with its rollout's own
-    uniform. Stopped and empty slots compute and keep nothing."""
+    uniform. Stopped and empty slots compute and keep nothing. head: the output projection
+    as `decode_lib.decode_head` lays it out."""
     model, n = settings.model, settings.max_new_tokens
     cache_len = state.kv_mask.shape[1]
     prompt_slots = cache_len - n  # P - 1
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(settings.stop_ids, jnp.int32))
-    logits, cache = model.apply(
-        {"params": params},
+    logits, cache = decode_lib.step_logits(
+        model,
+        params,
+        head,
         state.last_tokens[:, None],
         (state.last_positions + state.step)[:, None],
         cache=state.cache,
@@ -231,7 +272,7 @@ def decode_step(params, state: Slots, sampling: SamplingConfig, settings: Settin
     )
 
 
-def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Settings):
+def decode_chunk(params, head, state: Slots, sampling: SamplingConfig, settings: Settings):
     """Up to K = refill_every decode steps of every slot (fewer once every slot has
     stopped). Returns (slots, steps run, row-steps that produced a kept token)."""
 
@@ -242,14 +283,16 @@ def decode_chunk(params, state: Slots, sampling: SamplingConfig, settings: Setti
     def body(inner):
         t, state, useful = inner
         useful = useful + jnp.sum(~state.done, dtype=jnp.int32)
-        return t + 1, decode_step(params, state, sampling, settings), useful
+        return t + 1, decode_step(params, head, state, sampling, settings), useful
 
     zero = jnp.zeros((), jnp.int32)
     steps, state, useful = jax.lax.while_loop(cond, body, (zero, state, zero))
     return state, steps, useful
 
 
-def chunk(params, state: Slots, queue: Queue, table, next_rollout, sampling, num_samples, settings):
+def chunk(
+    params, head, state: Slots, queue: Queue, table, next_rollout, sampling, num_samples, settings
+):
     """One host-free round of the engine: harvest finished slots into the output table,
     refill the free ones from the queue, decode up to K steps. Returns (slots, table,
     next_rollout, EngineStats of this round)."""
@@ -258,7 +301,7 @@ def chunk(params, state: Slots, queue: Queue, table, next_rollout, sampling, num
     state, next_rollout, admitted = refill(
         state, queue, next_rollout, num_queued, num_samples, settings
     )
-    state, steps, useful = decode_chunk(params, state, sampling, settings)
+    state, steps, useful = decode_chunk(params, head, state, sampling, settings)
     return state, table, next_rollout, EngineStats(steps, useful, admitted.astype(jnp.int32))
 
 
@@ -292,6 +335,7 @@ def run(
     queue = prefill_queue(
         params, prompt_ids, prompt_mask, rng, row_block[0] * total, num_samples, settings
     )
+    head = decode_lib.decode_head(params, settings.model.config)  # once a generation
 
     # CHUNKS of K decode steps, the slots refilled between them.
     def more(carry):
@@ -301,7 +345,7 @@ def run(
     def body(carry):
         state, table, next_rollout, stats = carry
         state, table, next_rollout, new = chunk(
-            params, state, queue, table, next_rollout, sampling, num_samples, settings
+            params, head, state, queue, table, next_rollout, sampling, num_samples, settings
         )
         stats = jax.tree_util.tree_map(jnp.add, stats, new)
         return state, table, next_rollout, stats

@@ -410,3 +410,41 @@ def test_swiglu_keeps_one_mlp_activation_a_layer_fewer_for_the_backward(monkeypa
     plain = {layers: temp_bytes(layers) for layers in (2, 4)}
     saved_per_layer = ((plain[4] - fused[4]) - (plain[2] - fused[2])) / 2
     assert saved_per_layer >= batch * length * 256 * 4, (plain, fused)  # one f32 activation
+
+
+def test_scanned_decode_with_per_row_slots_matches_unrolled():
+    # The rollout engine's step: each row writes at its own slot (cache_index int32[B]).
+    # The scanned decoder carries the whole [L, ...] cache and writes one layer's slots
+    # at a time; it must give the unrolled decoder's logits and cache, row by row.
+    config = dataclasses.replace(TINY, qkv_bias=True)
+    params = init_params(config)
+    scanned = dataclasses.replace(config, scan_layers=True)
+    stacked = model_lib.stack_layers(params, 2)
+    rng = np.random.default_rng(0)
+    cache = [
+        {n: jnp.asarray(rng.normal(size=(2, 2, 12, 8)), jnp.float32) for n in ("k", "v")}
+        for _ in range(2)
+    ]
+    stacked_cache = {n: jnp.stack([c[n] for c in cache]) for n in ("k", "v")}
+    tokens = jnp.asarray([[5], [9]], jnp.int32)
+    slots = jnp.asarray([3, 7], jnp.int32)
+    kv_mask = jnp.arange(12)[None] <= slots[:, None]
+
+    def step(cfg, p, c):
+        return model_lib.Transformer(cfg).apply(
+            {"params": p}, tokens, slots[:, None], cache=c, cache_index=slots, kv_mask=kv_mask
+        )
+
+    want_logits, want_cache = jax.jit(step, static_argnums=0)(config, params, cache)
+    logits, new_cache = jax.jit(step, static_argnums=0)(scanned, stacked, stacked_cache)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), rtol=1e-5, atol=1e-5)
+    for layer in range(2):
+        for n in ("k", "v"):
+            np.testing.assert_allclose(
+                np.asarray(new_cache[n][layer]), np.asarray(want_cache[layer][n]), atol=1e-6
+            )
+    # Only the rows' own slots changed.
+    changed = np.asarray(new_cache["k"] != stacked_cache["k"]).any(axis=(2, 4))  # [L, B, S]
+    assert changed[:, 0].nonzero()[1].tolist() == [3, 3] and changed[:, 1].nonzero()[
+        1
+    ].tolist() == [7, 7]

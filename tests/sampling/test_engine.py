@@ -131,14 +131,16 @@ def test_the_engine_equals_the_static_sampler_at_temperature_one(params):
     )
 
 
-def test_on_eight_devices_the_rollouts_are_those_alone(params, reference):
-    """On a (2, 2, 2) mesh the slots split over the 4 data shards; prompts and the prefix
-    table stay whole on every device."""
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 2)])
+def test_on_a_mesh_the_rollouts_are_those_alone(params, reference, mesh_shape):
+    """On (2, 2, 2) the slots split over the 4 data shards (a refill selects every slot's
+    prefix); on the tensor-parallel (1, 1, 2) every device holds every slot (a refill
+    writes only the admitted slots' prefixes). Prompts and the prefix table stay whole."""
     ids, mask = prompts()
-    mesh = sharding.make_mesh((2, 2, 2))
+    mesh = sharding.make_mesh(mesh_shape, devices=jax.devices()[: np.prod(mesh_shape)])
     engine = engine_lib.make_engine(make(mesh=mesh, **TOP_P), slots=4, refill_every=2)
     out = engine.generate(params, ids, mask, jax.random.key(RNG), num_samples=G)
-    assert out.tokens.sharding.spec[0] == ("data", "fsdp")
+    assert len(out.tokens.sharding.device_set) == np.prod(mesh_shape)
     assert_same(out, reference)
 
 

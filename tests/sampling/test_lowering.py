@@ -1,6 +1,8 @@
 """Tests for replax/sampling/lowering.py: the decode program and the prefill lowered from
 abstract inputs on a mesh, compiled and run, give what the sampler's own call gives."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,3 +60,22 @@ def test_the_lowered_prefill_fills_the_cache_the_decode_loop_starts_from(params)
 def test_without_a_mesh_there_is_nothing_to_lower_for():
     with pytest.raises(ValueError, match="no mesh"):
         lowering.abstract_inputs(make(), 4, {})
+
+
+def test_the_decode_head_is_split_by_vocabulary_over_the_whole_mesh(params):  # noqa: F811
+    # Training splits the output head over the embedding (fsdp), which a decode step would
+    # gather whole into every device each step (on a TPU slice, the largest item of a
+    # real config's step). decode_head lays it out by vocabulary over every mesh axis, once
+    # a generation; a vocabulary that does not divide keeps the training layout.
+    mesh = sharding.make_mesh((2, 4, 1))
+    placed = jax.device_put(params, sharding.params_shardings(mesh, params, sharding.DEFAULT_RULES))
+    with sharding.activation_rules(mesh, sharding.DEFAULT_RULES):
+        head = jax.jit(lambda p: decode_lib.decode_head(p, CONFIG))(placed)
+        odd = dataclasses.replace(CONFIG, vocab_size=60)
+        cut = jax.tree_util.tree_map(lambda x: x, dict(placed, embedding=placed["embedding"][:60]))
+        kept = jax.jit(lambda p: decode_lib.decode_head(p, odd))(cut)
+    assert head.shape == (CONFIG.d_model, CONFIG.vocab_size)
+    assert head.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"))
+    assert head.sharding.shard_shape(head.shape) == (CONFIG.d_model, CONFIG.vocab_size // 8)
+    np.testing.assert_array_equal(np.asarray(head), np.asarray(params["embedding"]).T)
+    assert kept.sharding.shard_shape(kept.shape)[1] == 60

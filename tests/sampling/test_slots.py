@@ -10,6 +10,7 @@ import numpy as np
 from conftest import TINY
 
 from replax.model import transformer as model_lib
+from replax.sampling import decode as decode_lib
 from replax.sampling import slots as slots_lib
 from replax.sampling.distributions import SamplingConfig
 
@@ -64,7 +65,8 @@ def test_harvest_writes_a_stopped_slot_to_its_row_and_frees_it():
     state = slots_lib.empty_slots(SETTINGS, P)
     state, _, _ = slots_lib.refill(state, queue, 0, 4, G, SETTINGS)
     greedy = SamplingConfig(temperature=0.0)
-    state, steps, useful = slots_lib.decode_chunk(params, state, greedy, SETTINGS)
+    head = decode_lib.decode_head(params, CONFIG)
+    state, steps, useful = slots_lib.decode_chunk(params, head, state, greedy, SETTINGS)
     assert int(steps) == 2 and int(useful) == 2 * 3  # K = 2 steps of 3 live slots
     np.testing.assert_array_equal(state.step, [2, 2, 2])
     state = state.replace(done=jnp.asarray([False, True, False]))  # slot 1 stops
