@@ -467,16 +467,23 @@ def _lose_a_process(workdir, logs, victim, *, crash_at=None):
         while survivor.poll() is None and time.time() < deadline:
             if lost_at is None and crash_at is None and os.path.exists(sealed):
                 procs[victim].kill()
+                procs[victim].wait()  # gone now: the survivor may see it within 0.2 s
             if lost_at is None and procs[victim].poll() is not None:
                 lost_at = time.time()
             time.sleep(0.2)
+        if lost_at is None and procs[victim].poll() is not None:
+            lost_at = time.time()  # both ended within one poll (the survivor within 0.2 s)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert lost_at is not None, "the survivor exited before its peer was lost"
     outputs[1 - victim][1].seek(0)
+    if lost_at is None:
+        said = outputs[1 - victim][1].read()[-3000:]
+        raise AssertionError(
+            f"the survivor exited ({survivor.returncode}) before its peer was lost: {said}"
+        )
     return survivor.returncode, outputs[1 - victim][1].read(), time.time() - lost_at
 
 
