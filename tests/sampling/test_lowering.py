@@ -10,6 +10,7 @@ import pytest
 from test_sampler import CONFIG, make, params, prompts  # noqa: F401 - the params fixture
 
 from replax.core import sharding
+from replax.model import attention
 from replax.sampling import decode as decode_lib
 from replax.sampling import lowering
 
@@ -62,11 +63,12 @@ def test_without_a_mesh_there_is_nothing_to_lower_for():
         lowering.abstract_inputs(make(), 4, {})
 
 
-def test_the_decode_head_is_split_by_vocabulary_over_the_whole_mesh(params):  # noqa: F811
+def test_the_decode_head_is_split_by_vocabulary_over_the_whole_mesh(params, monkeypatch):  # noqa: F811
     # Training splits the output head over the embedding (fsdp), which a decode step would
     # gather whole into every device each step (on a TPU slice, the largest item of a
     # real config's step). decode_head lays it out by vocabulary over every mesh axis, once
     # a generation; a vocabulary that does not divide keeps the training layout.
+    monkeypatch.setattr(attention, "target_platform", lambda: "tpu")  # CPU keeps it whole
     mesh = sharding.make_mesh((2, 4, 1))
     placed = jax.device_put(params, sharding.params_shardings(mesh, params, sharding.DEFAULT_RULES))
     with sharding.activation_rules(mesh, sharding.DEFAULT_RULES):
