@@ -180,16 +180,6 @@ def _copy_admitted(cache, prefix, take, prompt):
     return jax.lax.fori_loop(0, take.shape[0], body, cache)
 
 
-def _slots_split(settings) -> bool:
-    """Whether the slot axis of the cache is split over devices under the current mesh."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return False
-    axes = flax.linen.logical_to_mesh_axes(("batch",), flax.linen.get_logical_axis_rules())[0]
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return any(mesh.shape[a] > 1 for a in axes)
-
-
 def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
     """Free slots take the next queued rollouts in order: queue entries next_rollout ...
     (while < num_queued), each copying its prompt's prefix into the slot's cache. Returns
@@ -203,7 +193,7 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     # No lax.cond around this on whether any slot is admitted: a branch that may update
     # the slots' cache made whole copies of it (most refills admit some slot anyway).
     cache = state.cache
-    if queue.prefix is not None and not _slots_split(settings):
+    if queue.prefix is not None and settings.data_shards == 1:
         cache = _copy_admitted(cache, queue.prefix, take, prompt)
     elif queue.prefix is not None:
         # Slots split over the data shards: a dynamic slot index on that axis would make
