@@ -1,7 +1,7 @@
 r"""The rollout engine against the static sampler, at long-tailed completion lengths.
 
   python scripts/bench_engine.py --out=engine.json [--repeats=3] [--prompts=32]
-      [--group_size=8] [--slots=64] [--refill_every=4]
+      [--group_size=8] [--slots=64] [--refill_every=4] [--drain_halvings=0]
 
 Both generate the same rollouts (rollout keys: each rollout draws from its own key) of the
 same prompts with the reference model of scripts/bench.py (vocab 512, 4 layers, d_model
@@ -12,7 +12,8 @@ times each after a warm-up; the figures are medians.
   one batch together), each batch decoding until its longest row stops: the same cache
   memory as the engine's. static_whole: all R rows in one batch, what the RL loop decodes
   without the engine (its cache is R rows, not S).
-- engine: `Engine.generate`, S = --slots slots refilled every --refill_every steps.
+- engine: `Engine.generate`, S = --slots slots refilled every --refill_every steps, halved
+  up to --drain_halvings times as the last rollouts of the call come to fit.
 
 Completion lengths are long-tailed as those of reasoning tasks are: a logit bias on the
 stop token (`SamplingConfig.logit_bias`), found by bisection so that the median completion
@@ -49,6 +50,7 @@ flags.DEFINE_integer("prompts", 64, "Prompts per call.")
 flags.DEFINE_integer("group_size", 8, "Rollouts per prompt (R = prompts x group_size).")
 flags.DEFINE_integer("slots", 32, "The engine's slots; the static sampler's batch rows.")
 flags.DEFINE_integer("refill_every", 2, "The engine's refill interval, in decode steps.")
+flags.DEFINE_integer("drain_halvings", 0, "Times the engine's slots may halve at the end.")
 flags.DEFINE_float("median_frac", 0.25, "Target median completion length / cap.")
 
 STOP_ID, PAD_ID = 1, 0
@@ -137,7 +139,12 @@ def main(argv):
 
     bias = bisect_stop_bias(median_length, FLAGS.median_frac * NEW_TOKENS, -5.0, 15.0, 14)
     sampler = make(bias)
-    engine = engine_lib.make_engine(sampler, slots=FLAGS.slots, refill_every=FLAGS.refill_every)
+    engine = engine_lib.make_engine(
+        sampler,
+        slots=FLAGS.slots,
+        refill_every=FLAGS.refill_every,
+        drain_halvings=FLAGS.drain_halvings,
+    )
     total = FLAGS.prompts * FLAGS.group_size
 
     def run_static():
@@ -190,7 +197,7 @@ def main(argv):
     differing = lambda a, b: int(np.sum(np.any(a != b, axis=1)))
     kept = int(lengths.sum())
     seconds = {k: statistics.median(v) for k, v in times.items()}
-    engine_row_steps = int(stats.decode_steps) * FLAGS.slots
+    engine_row_steps = int(stats.row_steps)
 
     def entry(name, row_steps):
         return {
@@ -235,6 +242,7 @@ def main(argv):
             "rollouts": total,
             "slots": FLAGS.slots,
             "refill_every": FLAGS.refill_every,
+            "drain_halvings": FLAGS.drain_halvings,
             "prompt_len": PROMPT_LEN,
             "max_new_tokens": NEW_TOKENS,
             "repeats": FLAGS.repeats,

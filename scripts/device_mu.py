@@ -254,7 +254,7 @@ def measure(args) -> dict:
             "seconds_all": engine_all,
             "rollouts_per_s": total / engine_s,
             "decode_tokens_per_s": kept / engine_s,
-            "useful_row_step_frac": kept / (int(stats.decode_steps) * args.slots),
+            "useful_row_step_frac": kept / int(stats.row_steps),
             "same_tokens_as_static": bool(
                 np.array_equal(np.asarray(engine_out.tokens), np.asarray(out.tokens))
             ),

@@ -208,7 +208,7 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
     kwargs = dict(num_samples=group_size, row_block=block)
     if hasattr(sampler, "generate_with_stats"):  # the rollout engine
         out, stats = sampler.generate_with_stats(*args, **kwargs)
-        engine_row_steps = int(stats.decode_steps) * sampler.slots
+        engine_row_steps = int(stats.row_steps)
     else:
         out, engine_row_steps = sampler.generate(*args, **kwargs), None
     answers = np.repeat(prompts["answer"], group_size)

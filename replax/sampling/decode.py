@@ -84,8 +84,15 @@ def step_logits(model: model_lib.Transformer, params, head, tokens, positions, *
     hidden, cache = model.apply({"params": params}, tokens, positions, return_hidden=True, **cached)
     logits = layers.dense(hidden, head).astype(jnp.float32)  # [B, T, V]
     axes = vocab_axes(head.shape[1])
-    if axes is not None:
-        logits = jax.lax.with_sharding_constraint(logits, P(None, None, axes))
+    if axes is None:
+        return layers.constrain(logits, ("batch", "length", None)), cache
+    logits = jax.lax.with_sharding_constraint(logits, P(None, None, axes))
+    # Rows over the same axes when they divide: on a tensor-parallel mesh the logical
+    # batch is not split, and holding every row's V logits on each device (then sorting
+    # them for top-p) would cost more HBM traffic than the rest of the step.
+    mesh = jax.sharding.get_abstract_mesh()
+    if logits.shape[0] % math.prod(mesh.shape[a] for a in axes) == 0:
+        return jax.lax.with_sharding_constraint(logits, P(axes, None, None)), cache
     return layers.constrain(logits, ("batch", "length", None)), cache
 
 

@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 from replax.core import sharding
 from replax.model import transformer as model_lib
 from replax.sampling import decode as decode_lib
+from replax.sampling import generation
 from replax.sampling import slots as slots_lib
 from replax.sampling.decode import SampleOutput
 from replax.sampling.slots import EngineStats
@@ -52,11 +53,12 @@ class Engine:
     `generate` takes what `Sampler.generate` takes and returns the same SampleOutput, the
     rollouts being those of `Sampler.generate(..., rollout_keys=True)`."""
 
-    def __init__(self, sampler, *, slots: int, refill_every: int):
-        _check(sampler, slots, refill_every)
+    def __init__(self, sampler, *, slots: int, refill_every: int, drain_halvings: int = 0):
+        _check(sampler, slots, refill_every, drain_halvings)
         self.sampler = sampler
         self.slots = int(slots)
         self.refill_every = int(refill_every)
+        self.drain_halvings = int(drain_halvings)
         self.max_new_tokens = sampler.max_new_tokens
         self.stop_ids, self.pad_id = sampler.stop_ids, sampler.pad_id
         self.mesh, self.rules = sampler.mesh, sampler.rules
@@ -70,8 +72,9 @@ class Engine:
             vocab_size=sampler.vocab_size,
             cache_dtype=sampler._cache_dtype,
             data_shards=sampler.data_shards,
+            drain_halvings=self.drain_halvings,
         )
-        traced = functools.partial(slots_lib.run, settings=self.settings)
+        traced = functools.partial(generation.run, settings=self.settings)
         if self.mesh is None:
             self._jitted = jax.jit(traced, static_argnums=(4, 5, 6))
         else:
@@ -88,7 +91,7 @@ class Engine:
                         logprobs=table,
                         lengths=sharding.named(self.mesh, ("batch",), self.rules),
                     ),
-                    EngineStats(replicated, replicated, replicated),
+                    EngineStats(replicated, replicated, replicated, replicated),
                 ),
             )
 
@@ -227,7 +230,7 @@ class Engine:
         return getattr(self.sampler, name)
 
 
-def _check(sampler, slots, refill_every) -> None:
+def _check(sampler, slots, refill_every, drain_halvings) -> None:
     for name, value in (("rollout.slots", slots), ("rollout.refill_every", refill_every)):
         if not (isinstance(value, int | np.integer) and value >= 1):
             raise ValueError(f"{name}={value}: allowed is an integer >= 1")
@@ -242,9 +245,15 @@ def _check(sampler, slots, refill_every) -> None:
             f"rollout.slots={slots} is not divisible by the sampler's {sampler.data_shards} "
             "data shards: allowed are multiples of them"
         )
+    if not isinstance(drain_halvings, int | np.integer):
+        raise ValueError(f"rollout.drain_halvings={drain_halvings}: allowed is an integer >= 0")
+    shards = sampler.data_shards if sampler.mesh is not None else 1
+    generation.drain_sizes(slots, drain_halvings, shards)
 
 
-def make_engine(sampler, *, slots: int, refill_every: int = 4) -> Engine:
+def make_engine(sampler, *, slots: int, refill_every: int = 4, drain_halvings: int = 0) -> Engine:
     """Validates the settings and returns an `Engine` of `slots` decoding slots that
-    refill every `refill_every` decode steps, over the sampler's model and settings."""
-    return Engine(sampler, slots=slots, refill_every=refill_every)
+    refill every `refill_every` decode steps, over the sampler's model and settings; once
+    its queue is empty the slots halve up to `drain_halvings` times as the last rollouts
+    come to fit (`replax.sampling.generation.drain`)."""
+    return Engine(sampler, slots=slots, refill_every=refill_every, drain_halvings=drain_halvings)

@@ -1,12 +1,11 @@
-"""The rollout engine's traced program (`replax.sampling.engine` binds and jits it): S
-decoding slots, a queue of prefilled prompts, and the rounds that harvest stopped slots,
-refill free ones in queue order and decode up to K steps.
+"""The rollout engine's slots: S decoding slots, a queue of prefilled prompts, and the
+rounds that harvest stopped slots, refill free ones in queue order and decode up to K
+steps (`replax.sampling.generation.run` is the whole program of one batch).
 
     queue = prefill_queue(params, prompt_ids, prompt_mask, rng, first, G, settings)
     state, table, next, stats = chunk(params, state, queue, table, next, sampling, G, settings)
-    out, stats = run(params, prompt_ids, prompt_mask, rng, sampling, G, row_block, settings)
 
-Every function is pure and traceable; `run` is the whole program of one batch.
+Every function is pure and traceable.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from replax.model import layers
 from replax.model import transformer as model_lib
 from replax.model.logprobs import mask_vocab
 from replax.sampling import decode as decode_lib
-from replax.sampling.decode import SampleOutput
 from replax.sampling.distributions import SamplingConfig, sample_tokens
 
 
@@ -44,9 +42,10 @@ class Slots:
 
 @flax.struct.dataclass
 class EngineStats:
-    decode_steps: jax.Array  # int32[] decode steps run (each over all S slots)
+    decode_steps: jax.Array  # int32[] decode steps run
     useful_row_steps: jax.Array  # int32[] row-steps that produced a kept token
     refills: jax.Array  # int32[] refills that admitted at least one rollout
+    row_steps: jax.Array  # int32[] row-steps decoded: each step times the slots it ran
 
 
 def _rows(x, index):
@@ -86,6 +85,7 @@ class Settings:
     vocab_size: int | None
     cache_dtype: Any
     data_shards: int
+    drain_halvings: int = 0  # see `drain`
 
 
 def prefill_queue(params, prompt_ids, prompt_mask, rng, first_rollout, num_samples, settings):
@@ -292,7 +292,8 @@ def chunk(
         state, queue, next_rollout, num_queued, num_samples, settings
     )
     state, steps, useful = decode_chunk(params, head, state, sampling, settings)
-    return state, table, next_rollout, EngineStats(steps, useful, admitted.astype(jnp.int32))
+    rows = steps * state.done.shape[0]
+    return state, table, next_rollout, EngineStats(steps, useful, admitted.astype(jnp.int32), rows)
 
 
 def empty_table(total: int, settings: Settings):
@@ -302,60 +303,3 @@ def empty_table(total: int, settings: Settings):
         "logprobs": jnp.zeros((total, n), jnp.float32),
         "lengths": jnp.zeros((total,), jnp.int32),
     }
-
-
-def run(
-    params,
-    prompt_ids,
-    prompt_mask,
-    rng,
-    sampling: SamplingConfig,
-    num_samples: int,
-    row_block: tuple[int, int],
-    settings: Settings,
-) -> tuple[SampleOutput, EngineStats]:
-    """The traced engine over one batch: prompt_ids int32[B, P], prompt_mask bool[B, P]
-    (left-padded), G = num_samples rollouts of each, R = B x G, queued prompt by prompt;
-    row_block (i, n): these are rollouts [i R, (i + 1) R) of a batch of n R (the indices
-    of their keys). Prefill, then chunks until the queue is empty and every slot stopped."""
-    b, p = prompt_ids.shape
-    total = b * num_samples
-    n = settings.max_new_tokens
-    # PREFILL each prompt once.
-    queue = prefill_queue(
-        params, prompt_ids, prompt_mask, rng, row_block[0] * total, num_samples, settings
-    )
-    head = decode_lib.decode_head(params, settings.model.config)  # once a generation
-
-    # CHUNKS of K decode steps, the slots refilled between them.
-    def more(carry):
-        state, _, next_rollout, _ = carry
-        return (next_rollout < total) | ~jnp.all(state.done)
-
-    def body(carry):
-        state, table, next_rollout, stats = carry
-        state, table, next_rollout, new = chunk(
-            params, head, state, queue, table, next_rollout, sampling, num_samples, settings
-        )
-        stats = jax.tree_util.tree_map(jnp.add, stats, new)
-        return state, table, next_rollout, stats
-
-    zero = jnp.zeros((), jnp.int32)
-    carry = (
-        empty_slots(settings, p),
-        empty_table(total, settings),
-        zero,
-        EngineStats(zero, zero, zero),
-    )
-    state, table, _, stats = jax.lax.while_loop(more, body, carry)
-    _, table = harvest(state, table, settings)
-
-    # OUTPUT in queue order, as the static sampler lays it out.
-    mask = jnp.arange(n) < table["lengths"][:, None]  # [R, N]
-    out = SampleOutput(
-        tokens=jnp.where(mask, table["tokens"], settings.pad_id),
-        mask=mask,
-        logprobs=jnp.where(mask, table["logprobs"], 0.0),
-        lengths=table["lengths"],
-    )
-    return out, stats

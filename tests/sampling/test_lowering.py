@@ -11,6 +11,7 @@ from test_sampler import CONFIG, make, params, prompts  # noqa: F401 - the param
 
 from replax.core import sharding
 from replax.model import attention
+from replax.model import transformer as model_lib
 from replax.sampling import decode as decode_lib
 from replax.sampling import lowering
 
@@ -81,3 +82,39 @@ def test_the_decode_head_is_split_by_vocabulary_over_the_whole_mesh(params, monk
     assert head.sharding.shard_shape(head.shape) == (CONFIG.d_model, CONFIG.vocab_size // 8)
     np.testing.assert_array_equal(np.asarray(head), np.asarray(params["embedding"]).T)
     assert kept.sharding.shard_shape(kept.shape)[1] == 60
+
+
+def test_on_a_tensor_parallel_mesh_the_step_logits_are_split_by_rows(params, monkeypatch):  # noqa: F811
+    # The logical batch is not split over a tensor axis: without a row split over every
+    # axis each tensor-parallel device would hold (and sort, for top-p) all rows' V
+    # logits, on a real config more HBM traffic than the rest of a decode step.
+    monkeypatch.setattr(attention, "target_platform", lambda: "tpu")  # CPU keeps it whole
+    mesh = sharding.make_mesh((4, 1, 2))  # tensor 2: the tiny model has 2 key-value heads
+    model = make(mesh=mesh, rules=sharding.DEFAULT_RULES).model
+    placed = jax.device_put(params, sharding.params_shardings(mesh, params, sharding.DEFAULT_RULES))
+    tokens = jnp.arange(16, dtype=jnp.int32).reshape(16, 1) % CONFIG.vocab_size
+    positions = jnp.zeros((16, 1), jnp.int32)
+
+    def logits(p, rows):
+        head = decode_lib.decode_head(p, CONFIG)
+        cache = model_lib.init_cache(CONFIG, rows, 4)
+        kv_mask = jnp.ones((rows, 4), bool)
+        return decode_lib.step_logits(
+            model,
+            p,
+            head,
+            tokens[:rows],
+            positions[:rows],
+            cache=cache,
+            cache_index=0,
+            kv_mask=kv_mask,
+        )[0]
+
+    with sharding.activation_rules(mesh, sharding.DEFAULT_RULES):
+        split = jax.jit(lambda p: logits(p, 16))(placed)
+        odd = jax.jit(lambda p: logits(p, 12))(placed)  # 12 rows: not over all 8
+    assert split.sharding.shard_shape(split.shape) == (2, 1, CONFIG.vocab_size)
+    assert odd.sharding.shard_shape(odd.shape) == (3, 1, CONFIG.vocab_size)  # the batch's
+    want = np.asarray(model.apply({"params": params}, tokens, positions))  # a full forward
+    np.testing.assert_allclose(np.asarray(split), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(odd), want[:12], rtol=1e-5, atol=1e-5)
