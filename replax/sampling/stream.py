@@ -15,10 +15,11 @@ rollouts have stopped, without waiting for the rest of its generation:
         for group in stream.advance():  # one compiled chunk: refill, K steps, harvest
             ...
 
-- **One host exchange per chunk.** `advance` runs one compiled program (refill the free
+- **One host exchange per chunk.** `advance` starts one compiled program (refill the free
   slots, up to K = refill_every decode steps, harvest the stopped slots into the output
-  table) and reads back S rollout numbers and three counters; the tokens stay on the
-  device until a group is complete. Static shapes: one compile, whatever the generation.
+  table), then reads back the previous one's S rollout numbers and four counters while
+  it decodes; the tokens stay on the device until a group is complete. Static shapes:
+  one compile, whatever the generation.
 - **A rollout does not depend on its slot or its neighbours.** Rollout i of a generation
   submitted with rng draws from fold_in(rng, i), as in the engine: under one set of
   weights the stream's rollouts are the engine's and the static sampler's with rollout
@@ -210,6 +211,7 @@ class Stream:
         self.timeline: list[dict[str, Any]] = []  # per chunk, when record is set
         self.decode_steps = self.useful_row_steps = 0
         self._queue = self._carry = self._params = self._head_params = None
+        self._pending = None  # (emitted, counts, start) of the chunk in flight, unread
         self.version = None
         self._submitted = 0  # rollouts queued so far, all generations
         self._next = 0  # rollouts admitted to a slot so far
@@ -268,19 +270,31 @@ class Stream:
 
     @property
     def busy(self) -> bool:
-        """Rollouts queued or decoding."""
+        """Rollouts queued or decoding, or a chunk not yet read."""
+        return self._pending is not None or self._has_work()
+
+    def _has_work(self) -> bool:
         return self._next < self._submitted or self._live > 0
 
     def advance(self) -> list[Group]:
-        """One compiled chunk (refill, up to K decode steps, harvest) and one host
-        exchange; returns the groups completed by it, in the order they completed."""
-        if not self.busy:
-            return []
-        start = time.time()
-        args = (self._queue, np.int32(self._submitted), np.int32(self.version))
-        self._carry, emitted, counts = self.sampler.call(
-            self._chunk, self._params, self._head_params, self._carry, *args
-        )
+        """Dispatches the next compiled chunk (refill, up to K decode steps, harvest), then
+        reads the one before it: the chunk's single host exchange overlaps the next
+        chunk's decoding. Returns the groups the chunk read completed, in the order they
+        completed (so a group comes out one call after the chunk that ended it)."""
+        previous = self._pending
+        self._pending = None
+        # As read so far (the chunk in flight unread): a chunk with nothing to do would
+        # only refill and harvest nothing, so none is started then.
+        if self._has_work():
+            start = time.time()
+            args = (self._queue, np.int32(self._submitted), np.int32(self.version))
+            self._carry, emitted, counts = self.sampler.call(
+                self._chunk, self._params, self._head_params, self._carry, *args
+            )
+            self._pending = (emitted, counts, start)
+        return [] if previous is None else self._read(*previous)
+
+    def _read(self, emitted, counts, start) -> list[Group]:
         emitted, counts = jax.device_get((emitted, counts))  # the chunk's one exchange
         end = time.time()
         admitted = (self._next, int(counts[0]))
@@ -308,6 +322,8 @@ class Stream:
         return groups
 
     def _emit(self, g, prompt):
+        # From the newest table (that of the chunk in flight, if any): a group's rows are
+        # written again only by generation g + depth, submitted after this group is out.
         start = (g % self.depth) * self.rollouts + prompt * self.num_samples
         _, _, table, version_table, _ = self._carry
         arrays = self.sampler.call(self._group, table, version_table, np.int32(start))
@@ -323,6 +339,10 @@ class Stream:
             "queue": None if self._queue is None else to_host(self._queue),
             "carry": None if self._carry is None else to_host(self._carry),
             "counters": dict(submitted=self._submitted, next=self._next, live=self._live),
+            # The chunk in flight's outputs, read by the next `advance` as they would be.
+            "pending": None
+            if self._pending is None
+            else (*to_host(self._pending[:2]), self._pending[2]),
             "generations": dict(self._generations),
             "done": dict(self._done),
             "per_group": dict(self._per_group),
@@ -347,6 +367,7 @@ class Stream:
             counters["next"],
             counters["live"],
         )
+        self._pending = None if state["pending"] is None else tuple(state["pending"])
         self._generations = dict(state["generations"])
         self._done = dict(state["done"])
         self._per_group = dict(state["per_group"])
@@ -356,7 +377,7 @@ def _check(engine, prompts, num_samples, depth) -> None:
     for name, value in (
         ("prompts", prompts),
         ("num_samples", num_samples),
-        ("rollout.stream_depth", depth),
+        ("depth", depth),
     ):
         if not (isinstance(value, int | np.integer) and value >= 1):
             raise ValueError(f"{name}={value}: allowed is an integer >= 1")

@@ -12,6 +12,7 @@ import pytest
 from conftest import TINY
 from test_engine import NEW_TOKENS, PAD, PROMPT_LEN, count_compilations, make
 
+from replax.core import sharding
 from replax.model import transformer as model_lib
 from replax.sampling import engine as engine_lib
 from replax.sampling import stream as stream_lib
@@ -92,7 +93,9 @@ def assert_group(group, reference, rows=slice(None)):
     np.testing.assert_array_equal(np.asarray(group.tokens)[rows], ref["tokens"])
     np.testing.assert_array_equal(np.asarray(group.mask)[rows], ref["mask"])
     np.testing.assert_array_equal(np.asarray(group.lengths)[rows], ref["lengths"])
-    np.testing.assert_allclose(np.asarray(group.logprobs)[rows], ref["logprobs"], atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(group.logprobs)[rows], ref["logprobs"], rtol=1e-6, atol=1e-6
+    )
 
 
 def test_every_group_is_the_static_samplers_and_comes_out_once_complete(sampler, params):
@@ -125,6 +128,24 @@ def test_every_group_is_the_static_samplers_and_comes_out_once_complete(sampler,
         order = [(x.generation, x.index) for x in groups]
         assert order != sorted(order)
         assert stream.useful_row_steps == sum(r["lengths"].sum() for r in references)
+
+
+def test_on_a_mesh_the_groups_are_the_unsharded_samplers(sampler, params):
+    """On (2, 2, 2) the slots split over 4 data shards (a refill selects every slot's
+    prefix, the ring's prompts whole on every device): the groups of two generations, the
+    second decoding beside the first, are the unsharded static sampler's."""
+    references = [static(sampler, params, g) for g in range(2)]
+    mesh = sharding.make_mesh((2, 2, 2))
+    engine = engine_lib.make_engine(make(mesh=mesh, **SAMPLING), slots=4, refill_every=2)
+    stream = stream_lib.make_stream(engine, prompts=B, num_samples=G, depth=2)
+    stream.set_params(params, version=0)
+    submit(stream, 0)
+    submit(stream, 1)
+    groups = drain(stream)
+    assert len(groups) == 2 * B
+    assert len(groups[0].tokens.sharding.device_set) == 8
+    for group in groups:
+        assert_group(group, references[group.generation])
 
 
 def test_weights_changed_in_flight_are_stamped_on_each_token(sampler, params, other_params):
@@ -162,7 +183,9 @@ def test_weights_changed_in_flight_are_stamped_on_each_token(sampler, params, ot
                 spanning += 1
                 ref = under_a["tokens"][rollout, :2], under_a["logprobs"][rollout, :2]
                 np.testing.assert_array_equal(np.asarray(group.tokens)[row, :2], ref[0])
-                np.testing.assert_allclose(np.asarray(group.logprobs)[row, :2], ref[1], atol=1e-6)
+                np.testing.assert_allclose(
+                    np.asarray(group.logprobs)[row, :2], ref[1], rtol=1e-6, atol=1e-6
+                )
     assert spanning >= 1  # some row did decode under both versions
 
 
@@ -270,7 +293,7 @@ def test_a_restored_stream_goes_on_exactly_and_compiles_nothing_more(sampler, pa
 @pytest.mark.parametrize(
     "slots, kwargs, match",
     [
-        (4, dict(depth=0), r"rollout\.stream_depth=0: allowed is an integer >= 1"),
+        (4, dict(depth=0), r"depth=0: allowed is an integer >= 1"),
         (4, dict(num_samples=0), r"num_samples=0: allowed is an integer >= 1"),
         (12, dict(prompts=2, depth=2), r"rollout\.slots=12 exceeds the 8 rollouts"),
     ],
