@@ -183,8 +183,8 @@ def _copy_admitted(cache, prefix, take, prompt):
 def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
     """Free slots take the next queued rollouts in order: entries next_rollout ... (while
     < num_queued; entry e at row e mod the queue's rollouts), each copying its prompt's
-    prefix into the slot's cache. Returns
-    (slots, next_rollout, whether any was admitted)."""
+    prefix into the slot's cache. Returns (slots, next_rollout, whether any was
+    admitted)."""
     free = state.done & (state.rollout < 0)
     new = next_rollout + jnp.cumsum(free.astype(jnp.int32)) - 1
     take = free & (new < num_queued)
