@@ -2,6 +2,7 @@ r"""The rollout engine against the static sampler, at long-tailed completion len
 
   python scripts/bench_engine.py --out=engine.json [--repeats=3] [--prompts=32]
       [--group_size=8] [--slots=64] [--refill_every=4] [--drain_halvings=0]
+      [--stream_generations=4]
 
 Both generate the same rollouts (rollout keys: each rollout draws from its own key) of the
 same prompts with the reference model of scripts/bench.py (vocab 512, 4 layers, d_model
@@ -28,7 +29,10 @@ row-steps); `speedup` (engine over static, rollouts/s), `speedup_vs_whole`;
 batch: identical tokens and masks, log-probs within 1e-6 absolute plus 1e-6 relative; the
 largest differences beside it, and how many rollouts differ between the engine, the
 whole batch and the batches of S rows, which float32 rounding can make differ at a
-token's CDF boundary); `length_spread`; `settings`; `commit`.
+token's CDF boundary); `length_spread`; `settings`; `commit`. With
+--stream_generations=N > 0 also `engine_per_generation`, `stream` and
+`stream_same_rollouts`: N generations through the engine one at a time and through the
+stream (scripts/benchmarks/stream.py).
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ flags.DEFINE_integer("slots", 32, "The engine's slots; the static sampler's batc
 flags.DEFINE_integer("refill_every", 2, "The engine's refill interval, in decode steps.")
 flags.DEFINE_integer("drain_halvings", 0, "Times the engine's slots may halve at the end.")
 flags.DEFINE_float("median_frac", 0.25, "Target median completion length / cap.")
+flags.DEFINE_integer(
+    "stream_generations", 0, "With N > 0: N generations through the stream against the engine."
+)
 
 STOP_ID, PAD_ID = 1, 0
 
@@ -251,6 +258,21 @@ def main(argv):
         },
         "commit": commit(),
     }
+    if FLAGS.stream_generations > 0:
+        from benchmarks import stream
+
+        result.update(
+            stream.compare(
+                engine,
+                params,
+                ids,
+                mask,
+                key,
+                FLAGS.group_size,
+                FLAGS.stream_generations,
+                FLAGS.repeats,
+            )
+        )
     print_and_write(result, FLAGS.out, indent=2)
     return 0
 

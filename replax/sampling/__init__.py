@@ -8,6 +8,8 @@
   does, S slots refilled from a queue, the rollouts the sampler's with rollout keys.
 - `slots`: the engine's traced program (slots, the prefilled queue, harvest, refill, the
   decode chunk).
+- `stream`: the engine's slots kept full across generations: groups handed out as they
+  complete, every token stamped with the policy version it was sampled under.
 - `lowering`: its decode program and prefill lowered ahead of time from abstract inputs.
 
 May import: core, model.

@@ -181,14 +181,17 @@ def _copy_admitted(cache, prefix, take, prompt):
 
 
 def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
-    """Free slots take the next queued rollouts in order: queue entries next_rollout ...
-    (while < num_queued), each copying its prompt's prefix into the slot's cache. Returns
-    (slots, next_rollout, whether any was admitted)."""
+    """Free slots take the next queued rollouts in order: entries next_rollout ... (while
+    < num_queued; entry e at row e mod the queue's rollouts), each copying its prompt's
+    prefix into the slot's cache. Returns (slots, next_rollout, whether any was
+    admitted)."""
     free = state.done & (state.rollout < 0)
     new = next_rollout + jnp.cumsum(free.astype(jnp.int32)) - 1
     take = free & (new < num_queued)
     new = jnp.where(take, new, 0)
-    prompt = new // num_samples
+    # Entry numbers run on across a stream's generations; the queue is a ring of them.
+    entry = new % queue.uniforms.shape[0]
+    prompt = entry // num_samples
 
     # No lax.cond around this on whether any slot is admitted: a branch that may update
     # the slots' cache made whole copies of it (most refills admit some slot anyway).
@@ -218,7 +221,7 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
         step=pick(0, state.step),
         rollout=pick(new, state.rollout),
         done=pick(False, state.done),
-        uniforms=pick(queue.uniforms[new], state.uniforms),
+        uniforms=pick(queue.uniforms[entry], state.uniforms),
         tokens=pick(settings.pad_id, state.tokens),
         logprobs=pick(0.0, state.logprobs),
     )
