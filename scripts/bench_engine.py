@@ -1,7 +1,7 @@
 r"""The rollout engine against the static sampler, at long-tailed completion lengths.
 
   python scripts/bench_engine.py --out=engine.json [--repeats=3] [--prompts=32]
-      [--group_size=8] [--slots=64] [--refill_every=4] [--drain_halvings=0]
+      [--group_size=8] [--slots=64] [--refill_every=2] [--drain_halvings=2]
       [--stream_generations=4]
 
 Both generate the same rollouts (rollout keys: each rollout draws from its own key) of the
@@ -52,9 +52,9 @@ flags.DEFINE_string("out", None, "Write the JSON object here.")
 flags.DEFINE_integer("repeats", 3, "Timed runs of each sampler (after one warm-up).")
 flags.DEFINE_integer("prompts", 64, "Prompts per call.")
 flags.DEFINE_integer("group_size", 8, "Rollouts per prompt (R = prompts x group_size).")
-flags.DEFINE_integer("slots", 32, "The engine's slots; the static sampler's batch rows.")
+flags.DEFINE_integer("slots", 64, "The engine's slots; the static sampler's batch rows.")
 flags.DEFINE_integer("refill_every", 2, "The engine's refill interval, in decode steps.")
-flags.DEFINE_integer("drain_halvings", 0, "Times the engine's slots may halve at the end.")
+flags.DEFINE_integer("drain_halvings", 2, "Times the engine's slots may halve at the end.")
 flags.DEFINE_float("median_frac", 0.25, "Target median completion length / cap.")
 flags.DEFINE_integer(
     "stream_generations", 0, "With N > 0: N generations through the stream against the engine."
