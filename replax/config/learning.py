@@ -1,5 +1,5 @@
-"""How a run learns: the rollout, replay, loss, optimizer, train and eval sections of a
-RunSpec, each checking its own keys."""
+"""How a run learns: the rollout, replay, optimizer, train and eval sections of a RunSpec,
+each checking its own keys (the loss section is the library's own `objectives.LossConfig`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from replax.core.config_utils import number, one_of, positive, require
 from replax.model import transformer as model_lib
 from replax.replay import auto as auto_replay
 from replax.replay import store as replay_lib
-from replax.rl import objectives
 from replax.rl import train_step as train_step_lib
 
 
@@ -196,80 +195,6 @@ class ReplaySection:
             priority_beta=self.priority_beta,
             max_age=self.max_age or None,
             max_reuse=self.max_reuse or None,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSection:
-    """The objective on (possibly stale) rollouts and how advantages are normalised."""
-
-    name: str
-    epsilon_low: float
-    epsilon_high: float
-    dual_clip: float
-    rho_max: float
-    asymre_delta_v: float
-    m2po_tau: float
-    kl_coef: float
-    entropy_coef: float
-    aggregation: str
-    normalize_std: bool
-    positive_weight: float
-    cov_cut_frac: float
-    clip_cov_ratio: float
-    clip_cov_low: float
-    clip_cov_high: float
-    kl_cov_frac: float
-    kl_cov_coef: float
-
-    def __post_init__(self):
-        number("loss.epsilon_low", self.epsilon_low, low=0, high=1, high_open=True)
-        for key in ("epsilon_high", "dual_clip", "kl_coef"):
-            number(f"loss.{key}", getattr(self, key), low=0)
-        number("loss.rho_max", self.rho_max, low=0, low_open=True)
-        number("loss.entropy_coef", self.entropy_coef)
-        number("loss.positive_weight", self.positive_weight, low=0, low_open=True)
-        number("loss.cov_cut_frac", self.cov_cut_frac, low=0, high=1, high_open=True)
-        number("loss.clip_cov_ratio", self.clip_cov_ratio, low=0, high=1)
-        number("loss.clip_cov_low", self.clip_cov_low)
-        number("loss.clip_cov_high", self.clip_cov_high)
-        require(
-            self.clip_cov_low < self.clip_cov_high,
-            f"loss.clip_cov_low={self.clip_cov_low!r} with loss.clip_cov_high="
-            f"{self.clip_cov_high!r}: the band of covariances Clip-Cov draws from needs "
-            "low < high",
-        )
-        number("loss.kl_cov_frac", self.kl_cov_frac, low=0, high=1)
-        number("loss.kl_cov_coef", self.kl_cov_coef, low=0)
-        on = [f"loss.{k}" for k in objectives.COVARIANCE_OPTIONS if getattr(self, k)]
-        require(
-            len(on) <= 1,
-            f"{' and '.join(f'{k}={getattr(self, k[5:])!r}' for k in on)}: at most one "
-            "covariance option is on (set the others to 0)",
-        )
-        one_of("loss.name", self.name, objectives.LOSSES)
-        one_of("loss.aggregation", self.aggregation, objectives.AGGREGATIONS)
-        sections.library_check(self.config)
-
-    def config(self) -> objectives.LossConfig:
-        return objectives.LossConfig(
-            name=self.name,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            dual_clip=self.dual_clip or None,
-            rho_max=self.rho_max,
-            delta_v=self.asymre_delta_v,
-            m2po_tau=self.m2po_tau,
-            kl_coef=self.kl_coef,
-            entropy_coef=self.entropy_coef,
-            aggregation=self.aggregation,
-            positive_weight=self.positive_weight,
-            cov_cut_frac=self.cov_cut_frac,
-            clip_cov_ratio=self.clip_cov_ratio,
-            clip_cov_low=self.clip_cov_low,
-            clip_cov_high=self.clip_cov_high,
-            kl_cov_frac=self.kl_cov_frac,
-            kl_cov_coef=self.kl_cov_coef,
         )
 
 

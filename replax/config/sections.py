@@ -3,7 +3,8 @@
 Each mirrors one section of a config (model, tokenizer, mesh, task, warmstart, rollout,
 train, optimizer, replay, loss, eval, log) and checks its own fields in `__post_init__`,
 raising ConfigError with one line naming the key and what is allowed. Methods give the
-library's arguments (`LossSection.config()` -> objectives.LossConfig, ...). A section
+library's arguments (`WarmstartSection.config()` -> WarmStartConfig, ...); the loss section
+is the library's own `objectives.LossConfig`. A section
 builds no tokenizer or task and asks JAX for no devices: `replax.config.build.build`
 does. `replax.config.spec.RunSpec` holds them and runs the rules across sections.
 """

@@ -22,7 +22,6 @@ import ml_collections
 from replax.config import validation
 from replax.config.learning import (
     EvalSection,
-    LossSection,
     OptimizerSection,
     ReplaySection,
     RolloutSection,
@@ -40,6 +39,7 @@ from replax.config.sections import (
     WarmstartSection,
 )
 from replax.core.config_utils import did_you_mean, number, positive, require
+from replax.rl import objectives
 from replax.rl import train_step as train_step_lib
 
 
@@ -68,7 +68,7 @@ class RunSpec:
     train: TrainSection
     optimizer: OptimizerSection
     replay: ReplaySection
-    loss: LossSection
+    loss: objectives.LossConfig
     eval: EvalSection
     log: LogSection
 
@@ -141,7 +141,7 @@ SECTIONS = {
     "train": TrainSection,
     "optimizer": OptimizerSection,
     "replay": ReplaySection,
-    "loss": LossSection,
+    "loss": objectives.LossConfig,
     "eval": EvalSection,
     "log": LogSection,
 }

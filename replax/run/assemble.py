@@ -145,10 +145,10 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         vocab_size=tokenizer.sample_limit,
         **spec.train_step_kwargs(),
     )
-    train_step = onpolicy_train_step = make_step(spec.loss.config())
-    if schedule.varies_training and spec.loss.config().covariance_option:
+    train_step = onpolicy_train_step = make_step(spec.loss)
+    if schedule.varies_training and spec.loss.covariance_option:
         # Auto mode's on-policy steps train as on-policy does (compiled on first use).
-        onpolicy_train_step = make_step(spec.loss.config().without_covariance())
+        onpolicy_train_step = make_step(spec.loss.without_covariance())
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
             buffer,

@@ -108,7 +108,7 @@ def bench_covariance(repeats: int) -> dict:
     from replax.model import flops as flops_lib
 
     spec = smollm2_spec()
-    plain = spec.loss.config()
+    plain = spec.loss
     configs = {"plain": plain}
     configs.update({k: dataclasses.replace(plain, **v) for k, v in OPTIONS.items()})
     start = time.perf_counter()

@@ -31,7 +31,7 @@ CLASSES = {
     "train": learning.TrainSection,
     "optimizer": learning.OptimizerSection,
     "replay": learning.ReplaySection,
-    "loss": learning.LossSection,
+    "loss": objectives.LossConfig,
     "eval": learning.EvalSection,
     "log": sections.LogSection,
 }
@@ -126,10 +126,10 @@ def test_library_arguments_from_the_sections():
     assert "num_shards" not in buffer
     replay_lib.make_replay_buffer(**buffer)  # the store takes them as they are
 
-    loss = build("loss", dual_clip=0.0, asymre_delta_v=-0.3, name="asymre").config()
+    # The loss section is the library's LossConfig itself: the loss takes it as it is.
+    loss = build("loss", dual_clip=0.0, asymre_delta_v=-0.3, name="asymre")
     assert isinstance(loss, objectives.LossConfig)
-    assert loss.dual_clip is None and loss.delta_v == -0.3 and loss.name == "asymre"
-    assert build("loss", dual_clip=3.0).config().dual_clip == 3.0
+    assert loss.dual_clip == 0.0 and loss.asymre_delta_v == -0.3 and loss.name == "asymre"
 
     optimizer = build("optimizer").config(total_steps=77)
     assert isinstance(optimizer, train_step_lib.OptimizerConfig) and optimizer.total_steps == 77
@@ -177,7 +177,7 @@ def test_a_key_of_a_few_values_takes_each_and_names_them_when_refused(name, key,
 
 def test_loss_names_and_model_inits_are_the_modules_constants():
     for loss in objectives.LOSSES:
-        assert build("loss", name=loss).config().name == loss
+        assert build("loss", name=loss).name == loss
     assert str(objectives.LOSSES) in raises_one_line("loss", name="dpo")
     assert str(sections.INITS) in raises_one_line("model", init="pretrained")
     assert build("model", init="random").init == "random"
@@ -279,9 +279,9 @@ def test_warmstart_accuracies_are_ordered_within_zero_and_one():
 
 
 def test_library_checks_come_back_as_one_line_config_errors():
-    # dual_clip passes the section's own check (>= 0) but not LossConfig's (> 1).
+    # dual_clip: 0 (off) or above 1, named with its full key.
     message = raises_one_line("loss", dual_clip=0.5)
-    assert "dual_clip=0.5 must exceed 1" in message
+    assert message.startswith("loss.dual_clip=0.5: allowed are 0 (off) or a bound c > 1")
     message = raises_one_line("mesh", rules=[["batch", "pipeline"]])
     assert "mesh.rules" in message and str(sharding.MESH_AXES) in message
     message = raises_one_line("mesh", rules=[["sequence", None]])

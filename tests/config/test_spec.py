@@ -9,6 +9,7 @@ import pytest
 
 from replax.config import spec as spec_lib
 from replax.core.config_utils import ConfigError
+from replax.rl import objectives
 from replax.tools import experiments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,7 +53,7 @@ def test_sections_are_frozen_and_check_themselves():
 
 def test_library_arguments_come_from_the_sections():
     spec = spec_lib.parse(arith())
-    assert spec.loss.config().dual_clip == 3.0
+    assert isinstance(spec.loss, objectives.LossConfig) and spec.loss.dual_clip == 3.0
     assert spec.optimizer_config().total_steps == 1600
     assert spec.replay.buffer_kwargs()["max_age"] is None  # 0: no limit
     assert spec.rollout.numerics() == {"dtype": None, "cache_dtype": None}
