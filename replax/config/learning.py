@@ -1,5 +1,6 @@
-"""How a run learns: the rollout, replay, optimizer, train and eval sections of a RunSpec,
-each checking its own keys (the loss section is the library's own `objectives.LossConfig`)."""
+"""How a run learns: the rollout, replay, train and eval sections of a RunSpec, each checking
+its own keys (the loss and optimizer sections are the library's own `objectives.LossConfig`
+and `train_step.OptimizerConfig`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from replax.core.config_utils import number, one_of, positive, require
 from replax.model import transformer as model_lib
 from replax.replay import auto as auto_replay
 from replax.replay import store as replay_lib
-from replax.rl import train_step as train_step_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,34 +112,6 @@ class TrainSection:
         number("train.max_steps_per_generation", self.max_steps_per_generation, low=1, integer=True)
         number("train.num_microbatches", self.num_microbatches, low=1, integer=True)
         number("train.logits_chunk_size", self.logits_chunk_size, low=0, integer=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerSection:
-    """Adam(W) with clipping and a schedule (its length is RunSpec.total_steps)."""
-
-    learning_rate: float
-    schedule: str
-    warmup_steps: int
-    weight_decay: float
-    grad_clip: float
-    b1: float
-    b2: float
-    state_dtype: str
-
-    def __post_init__(self):
-        number("optimizer.learning_rate", self.learning_rate, low=0, low_open=True)
-        for key in ("b1", "b2"):
-            number(f"optimizer.{key}", getattr(self, key), low=0, high=1, high_open=True)
-        number("optimizer.weight_decay", self.weight_decay, low=0)
-        number("optimizer.grad_clip", self.grad_clip, low=0)
-        number("optimizer.warmup_steps", self.warmup_steps, low=0, integer=True)
-        one_of("optimizer.schedule", self.schedule, train_step_lib.SCHEDULES)
-        one_of("optimizer.state_dtype", self.state_dtype, train_step_lib.STATE_DTYPES)
-
-    def config(self, total_steps: int) -> train_step_lib.OptimizerConfig:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return train_step_lib.OptimizerConfig(total_steps=total_steps, **fields)
 
 
 @dataclasses.dataclass(frozen=True)

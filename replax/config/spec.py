@@ -22,7 +22,6 @@ import ml_collections
 from replax.config import validation
 from replax.config.learning import (
     EvalSection,
-    OptimizerSection,
     ReplaySection,
     RolloutSection,
     TrainSection,
@@ -66,7 +65,7 @@ class RunSpec:
     warmstart: WarmstartSection
     rollout: RolloutSection
     train: TrainSection
-    optimizer: OptimizerSection
+    optimizer: train_step_lib.OptimizerConfig
     replay: ReplaySection
     loss: objectives.LossConfig
     eval: EvalSection
@@ -79,6 +78,9 @@ class RunSpec:
         number("seed", self.seed, low=0, integer=True)
         for key in ("log_every", "checkpoint_keep"):
             number(key, getattr(self, key), low=1, integer=True)
+        if self.optimizer.total_steps != self.total_steps:  # the schedule runs the whole run
+            total = dataclasses.replace(self.optimizer, total_steps=self.total_steps)
+            object.__setattr__(self, "optimizer", total)
         validation.validate_spec(self)
 
     @property
@@ -105,9 +107,6 @@ class RunSpec:
             return self.rollout.mesh_shape or (-1, 1, 1)
         return self.rollout.mesh_shape or self.mesh.shape
 
-    def optimizer_config(self) -> train_step_lib.OptimizerConfig:
-        return self.optimizer.config(total_steps=self.total_steps)
-
     def train_step_kwargs(self) -> dict[str, Any]:
         """make_train_step's memory settings."""
         return dict(
@@ -126,7 +125,7 @@ class RunSpec:
             elif isinstance(value, TaskSection):
                 value = value.to_dict()
             elif dataclasses.is_dataclass(value):
-                value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+                value = {k: getattr(value, k) for k in config_keys(field.name)}
             out[field.name] = value
         return out
 
@@ -139,12 +138,22 @@ SECTIONS = {
     "warmstart": WarmstartSection,
     "rollout": RolloutSection,
     "train": TrainSection,
-    "optimizer": OptimizerSection,
+    "optimizer": train_step_lib.OptimizerConfig,
     "replay": ReplaySection,
     "loss": objectives.LossConfig,
     "eval": EvalSection,
     "log": LogSection,
 }
+
+# Fields of a library config type that are no key of its config section: the optimizer's
+# schedule runs the run's total_steps, and Adam's eps keeps the library's default.
+NOT_CONFIG_KEYS = {"optimizer": ("total_steps", "eps")}
+
+
+def config_keys(section: str) -> list[str]:
+    """The keys of a config section: its type's fields, less NOT_CONFIG_KEYS."""
+    skip = NOT_CONFIG_KEYS.get(section, ())
+    return [f.name for f in dataclasses.fields(SECTIONS[section]) if f.name not in skip]
 
 
 def _check_keys(section: str, given, names) -> None:
@@ -174,7 +183,7 @@ def _section(name: str, values: Mapping[str, Any]):
     elif cls is TaskSection:
         data = {k: values.pop(k) for k in TASK_DATA_KEYS if k in values}
         values = {**data, "kwargs": values}
-    _check_keys(name, values, [f.name for f in dataclasses.fields(cls)])
+    _check_keys(name, values, config_keys(name))
     return cls(**values)
 
 

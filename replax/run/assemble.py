@@ -118,7 +118,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     buffer = replay_lib.make_replay_buffer(
         num_shards=sharding.data_parallel_size(mesh, rules), **spec.replay.buffer_kwargs()
     )
-    optimizer, seq_len = train_step_lib.make_optimizer(spec.optimizer_config()), spec.seq_len
+    optimizer, seq_len = train_step_lib.make_optimizer(spec.optimizer), spec.seq_len
 
     # The replay store, sharded over the data axes like the batch.
     item = rollouts.rollout_spec(seq_len)

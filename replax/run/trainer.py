@@ -180,7 +180,7 @@ def run_loop(
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
     writer, bar = _outputs(run, loop)
     # The schedule's rate of each optimizer update, looked up on the host.
-    learning_rates = train_step_lib.learning_rates(c.optimizer_config(), c.total_steps)
+    learning_rates = train_step_lib.learning_rates(c.optimizer, c.total_steps)
     idle = steps.nothing_generated(run)
     base_key, record, stopping = jax.random.key(c.seed), {}, False
     t_start = time.time() - loop.wall_s

@@ -74,7 +74,7 @@ def _steps(spec, loss_configs):
     model = model_lib.Transformer(spec.model.config())
     mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     rules = sharding.validate_rules(sharding.DEFAULT_RULES)
-    optimizer = train_step_lib.make_optimizer(spec.optimizer_config())
+    optimizer = train_step_lib.make_optimizer(spec.optimizer)
     batch = rollout_batch(spec, np.random.default_rng(0))
     batch_sharding = train_step_lib.batch_shardings(mesh, rules, batch)
     batch = jax.device_put(batch, batch_sharding)

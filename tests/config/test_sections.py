@@ -9,6 +9,7 @@ import os
 import pytest
 
 from replax.config import learning, sections
+from replax.config import spec as spec_lib
 from replax.core import sharding
 from replax.core.config_utils import ConfigError
 from replax.model import transformer as model_lib
@@ -29,7 +30,7 @@ CLASSES = {
     "warmstart": sections.WarmstartSection,
     "rollout": learning.RolloutSection,
     "train": learning.TrainSection,
-    "optimizer": learning.OptimizerSection,
+    "optimizer": train_step_lib.OptimizerConfig,
     "replay": learning.ReplaySection,
     "loss": objectives.LossConfig,
     "eval": learning.EvalSection,
@@ -70,7 +71,7 @@ def test_a_section_holds_its_config_keys(name):
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(section, dataclasses.fields(section)[0].name, None)
     expected = keys(name)
-    assert {f.name for f in dataclasses.fields(section)} == set(expected)
+    assert set(spec_lib.config_keys(name)) == set(expected)
     for key, value in expected.items():
         got = getattr(section, key)
         if isinstance(value, list):  # a config.json's lists are held as tuples
@@ -131,9 +132,13 @@ def test_library_arguments_from_the_sections():
     assert isinstance(loss, objectives.LossConfig)
     assert loss.dual_clip == 0.0 and loss.asymre_delta_v == -0.3 and loss.name == "asymre"
 
-    optimizer = build("optimizer").config(total_steps=77)
+    optimizer = build("optimizer", total_steps=77)
     assert isinstance(optimizer, train_step_lib.OptimizerConfig) and optimizer.total_steps == 77
     assert optimizer.learning_rate == keys("optimizer")["learning_rate"]
+    # Not keys of the section: the run's total_steps, and Adam's eps at its default.
+    fields = {f.name for f in dataclasses.fields(optimizer)}
+    assert fields - set(keys("optimizer")) == {"total_steps", "eps"}
+    assert optimizer.eps == train_step_lib.OptimizerConfig().eps
 
     warmstart = build("warmstart", cache_dir="/somewhere").config()
     assert isinstance(warmstart, sections.WarmStartConfig)

@@ -54,7 +54,8 @@ def test_sections_are_frozen_and_check_themselves():
 def test_library_arguments_come_from_the_sections():
     spec = spec_lib.parse(arith())
     assert isinstance(spec.loss, objectives.LossConfig) and spec.loss.dual_clip == 3.0
-    assert spec.optimizer_config().total_steps == 1600
+    assert spec.optimizer.total_steps == spec.total_steps == 1600  # the schedule's length
+    assert dataclasses.replace(spec, total_steps=7).optimizer.total_steps == 7
     assert spec.replay.buffer_kwargs()["max_age"] is None  # 0: no limit
     assert spec.rollout.numerics() == {"dtype": None, "cache_dtype": None}
     assert spec.sampler_mesh_shape == (-1, 1, 1)  # empty rollout.mesh_shape: training's
