@@ -114,20 +114,13 @@ class TrainSection:
         number("train.logits_chunk_size", self.logits_chunk_size, low=0, integer=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplaySection:
-    """The replay store (capacity N, sampling strategy, limits) and auto mode's settings."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplaySection(replay_lib.ReplayConfig):
+    """The replay store's own settings (`replay_lib.ReplayConfig`, whose fields it inherits:
+    the section is one, as make_replay_buffer takes it) and the run's: how generation is
+    scheduled (mode, auto mode's knobs), which rollouts are stored, the replay ratio."""
 
     mode: str
-    capacity: int
-    strategy: str
-    sample_mode: str
-    delta: float
-    recency_tau: float
-    priority_alpha: float
-    priority_beta: float
-    max_age: int
-    max_reuse: int
     drop_zero_advantage: bool
     mu: float
     auto_every: int
@@ -136,13 +129,8 @@ class ReplaySection:
     auto_min_y: float
 
     def __post_init__(self):
-        positive("replay.capacity", self.capacity)
-        number("replay.delta", self.delta, low=0, high=1)
-        for key in ("max_age", "max_reuse"):
-            number(f"replay.{key}", getattr(self, key), low=0, integer=True)
+        super().__post_init__()
         number("replay.mu", self.mu, low=0)
-        one_of("replay.strategy", self.strategy, replay_lib.STRATEGIES)
-        one_of("replay.sample_mode", self.sample_mode, replay_lib.SAMPLE_MODES)
         one_of("replay.mode", self.mode, sections.REPLAY_MODES)
         if self.mode == "auto":
             positive("replay.auto_every", self.auto_every)
@@ -154,20 +142,6 @@ class ReplaySection:
                 f"{self.auto_max_y!r} (1: down to on-policy)",
             )
             one_of("replay.auto_design", self.auto_design, tuple(auto_replay.DESIGNS))
-
-    def buffer_kwargs(self) -> dict[str, Any]:
-        """make_replay_buffer's arguments, less num_shards (set by the mesh)."""
-        return dict(
-            capacity=self.capacity,
-            strategy=self.strategy,
-            sample_mode=self.sample_mode,
-            delta=self.delta,
-            recency_tau=self.recency_tau,
-            priority_alpha=self.priority_alpha,
-            priority_beta=self.priority_beta,
-            max_age=self.max_age or None,
-            max_reuse=self.max_reuse or None,
-        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,9 +145,19 @@ SECTIONS = {
     "log": LogSection,
 }
 
-# Fields of a library config type that are no key of its config section: the optimizer's
-# schedule runs the run's total_steps, and Adam's eps keeps the library's default.
-NOT_CONFIG_KEYS = {"optimizer": ("total_steps", "eps")}
+# Fields of a library config type that are no key of its config section (they keep the
+# library's defaults): the optimizer's schedule runs the run's total_steps; the replay
+# store's pool sizes and item keys are those of the rollouts the run stores.
+NOT_CONFIG_KEYS = {
+    "optimizer": ("total_steps", "eps"),
+    "replay": (
+        "positive_bias_size",
+        "priority_eps",
+        "correct_key",
+        "correct_threshold",
+        "advantage_key",
+    ),
+}
 
 
 def config_keys(section: str) -> list[str]:

@@ -115,9 +115,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     mcfg, tokenizer = built.model_config, built.tokenizer
     model = model_lib.Transformer(mcfg)
     schedule = cfg.make_schedule(spec)
-    buffer = replay_lib.make_replay_buffer(
-        num_shards=sharding.data_parallel_size(mesh, rules), **spec.replay.buffer_kwargs()
-    )
+    buffer = replay_lib.make_replay_buffer(spec.replay, sharding.data_parallel_size(mesh, rules))
     optimizer, seq_len = train_step_lib.make_optimizer(spec.optimizer), spec.seq_len
 
     # The replay store, sharded over the data axes like the batch.

@@ -162,7 +162,9 @@ def _replay_call():
     from replax.replay import store as replay_lib
 
     items = replay_items(np.random.default_rng(0), REPLAY_BATCH)
-    buffer = replay_lib.make_replay_buffer(capacity=4096, strategy="uniform")
+    buffer = replay_lib.make_replay_buffer(
+        replay_lib.ReplayConfig(capacity=4096, strategy="uniform")
+    )
     add = jax.jit(buffer.add, donate_argnums=0)
     sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
     holder = {"state": buffer.init(jax.tree.map(lambda x: x[0], items))}

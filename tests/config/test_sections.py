@@ -121,11 +121,13 @@ def test_library_arguments_from_the_sections():
     for key in ("max_prompt_len", "max_new_tokens", "temperature", "top_k", "top_p"):
         assert kwargs[key] == getattr(rollout, key)
 
-    replay = build("replay", max_age=0, max_reuse=3)
-    buffer = replay.buffer_kwargs()
-    assert buffer["max_age"] is None and buffer["max_reuse"] == 3  # 0: no limit
-    assert "num_shards" not in buffer
-    replay_lib.make_replay_buffer(**buffer)  # the store takes them as they are
+    # The replay section is a ReplayConfig: the store takes it as it is.
+    replay = build("replay", max_age=0, max_reuse=3, capacity=8)
+    assert isinstance(replay, replay_lib.ReplayConfig)
+    buffer = replay_lib.make_replay_buffer(replay, 2)
+    assert (buffer.capacity, buffer.num_shards, buffer.shard_capacity) == (8, 2, 4)
+    assert (buffer.max_age, buffer.max_reuse) == (0, 3)  # 0: no limit
+    assert buffer.bias_size == 8  # positive_bias_size is no config key: 0, the capacity
 
     # The loss section is the library's LossConfig itself: the loss takes it as it is.
     loss = build("loss", dual_clip=0.0, asymre_delta_v=-0.3, name="asymre")

@@ -56,7 +56,7 @@ def test_library_arguments_come_from_the_sections():
     assert isinstance(spec.loss, objectives.LossConfig) and spec.loss.dual_clip == 3.0
     assert spec.optimizer.total_steps == spec.total_steps == 1600  # the schedule's length
     assert dataclasses.replace(spec, total_steps=7).optimizer.total_steps == 7
-    assert spec.replay.buffer_kwargs()["max_age"] is None  # 0: no limit
+    assert spec.replay.max_age == 0  # no limit
     assert spec.rollout.numerics() == {"dtype": None, "cache_dtype": None}
     assert spec.sampler_mesh_shape == (-1, 1, 1)  # empty rollout.mesh_shape: training's
     assert spec.model.config().d_model == 128
