@@ -107,14 +107,6 @@ class RunSpec:
             return self.rollout.mesh_shape or (-1, 1, 1)
         return self.rollout.mesh_shape or self.mesh.shape
 
-    def train_step_kwargs(self) -> dict[str, Any]:
-        """make_train_step's memory settings."""
-        return dict(
-            num_microbatches=self.train.num_microbatches,
-            logits_chunk_size=self.train.logits_chunk_size,
-            grad_clip=self.optimizer.grad_clip,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         """The plain dict of the config this spec was parsed from (what config.json holds)."""
         out = {}

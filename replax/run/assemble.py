@@ -141,7 +141,9 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         temperature=r.temperature,
         half_batch_stats=schedule.half_batch_stats,
         vocab_size=tokenizer.sample_limit,
-        **spec.train_step_kwargs(),
+        num_microbatches=spec.train.num_microbatches,
+        logits_chunk_size=spec.train.logits_chunk_size,
+        grad_clip=spec.optimizer.grad_clip,
     )
     train_step = onpolicy_train_step = make_step(spec.loss)
     if schedule.varies_training and spec.loss.covariance_option:

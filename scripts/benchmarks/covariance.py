@@ -92,7 +92,9 @@ def _steps(spec, loss_configs):
             state_shardings,
             batch_sharding,
             temperature=spec.rollout.temperature,
-            **spec.train_step_kwargs(),
+            num_microbatches=spec.train.num_microbatches,
+            logits_chunk_size=spec.train.logits_chunk_size,
+            grad_clip=spec.optimizer.grad_clip,
         )
         with sharding.activation_rules(mesh, rules):
             compiled = step.jitted.lower(state, batch).compile()
