@@ -12,21 +12,19 @@ from replax.core.config_utils import number, one_of, positive, require
 from replax.model import transformer as model_lib
 from replax.replay import auto as auto_replay
 from replax.replay import store as replay_lib
+from replax.sampling import distributions
 
 
-@dataclasses.dataclass(frozen=True)
-class RolloutSection:
-    """R = prompts_per_step x group_size fresh rollouts a step: lengths, sampling,
-    numerics and the sampler's mesh (empty: the training mesh)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutSection(distributions.SamplingConfig):
+    """R = prompts_per_step x group_size fresh rollouts a step: the sampling distribution
+    (`distributions.SamplingConfig`, whose fields it inherits: make_sampler takes the
+    section as it is), lengths, numerics and the sampler's mesh (empty: the training mesh)."""
 
     prompts_per_step: int
     group_size: int
     max_prompt_len: int
     max_new_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    top_p_candidates: int
     dtype: str
     cache_dtype: str
     mesh_shape: tuple[int, ...]
@@ -38,6 +36,7 @@ class RolloutSection:
     refill_every: int
 
     def __post_init__(self):
+        super().__post_init__()
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         number("rollout.slots", self.slots, low=0, integer=True)
         number("rollout.refill_every", self.refill_every, low=1, integer=True)
@@ -57,13 +56,9 @@ class RolloutSection:
             f"rollout.temperature={self.temperature}: must be > 0 (at 0 the G "
             "completions of a prompt are the same greedy one and every advantage is 0)",
         )
-        number("rollout.temperature", self.temperature, low=0, low_open=True)
-        number("rollout.top_k", self.top_k, low=0, integer=True)
-        number("rollout.top_p", self.top_p, low=0, low_open=True, high=1)
         for key in ("dtype", "cache_dtype"):
             if getattr(self, key):
                 one_of(f"rollout.{key}", getattr(self, key), tuple(model_lib.DTYPES))
-        number("rollout.top_p_candidates", self.top_p_candidates, low=1, integer=True)
         require(
             not self.slots or self.refill_every <= self.max_new_tokens,
             f"rollout.refill_every={self.refill_every} exceeds the length cap "
@@ -84,18 +79,6 @@ class RolloutSection:
     def numerics(self) -> dict[str, Any]:
         """The decoding weights' and KV cache's dtypes (None: the model's compute dtype)."""
         return dict(dtype=self.dtype or None, cache_dtype=self.cache_dtype or None)
-
-    def sampler_kwargs(self) -> dict[str, Any]:
-        """make_sampler's sampling, length and numerics arguments (not its mesh)."""
-        return dict(
-            max_prompt_len=self.max_prompt_len,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            top_p_candidates=self.top_p_candidates,
-            **self.numerics(),
-        )
 
 
 @dataclasses.dataclass(frozen=True)

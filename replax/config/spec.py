@@ -139,9 +139,11 @@ SECTIONS = {
 
 # Fields of a library config type that are no key of its config section (they keep the
 # library's defaults): the optimizer's schedule runs the run's total_steps; the replay
-# store's pool sizes and item keys are those of the rollouts the run stores.
+# store's pool sizes and item keys are those of the rollouts the run stores; a run samples
+# from the policy's own distribution (no logit bias).
 NOT_CONFIG_KEYS = {
     "optimizer": ("total_steps", "eps"),
+    "rollout": ("logit_bias",),
     "replay": (
         "positive_bias_size",
         "priority_eps",

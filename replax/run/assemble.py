@@ -160,17 +160,18 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
         donate_argnums=(0,),
     )
-    # Decoding may use a mesh of its own (e.g. tensor-parallel), over the same devices or,
-    # disjoint, over the sampler's.
-    sampler_mesh = sharding.make_mesh(spec.sampler_mesh_shape, devices=rollout_devices)
+    # Decoding may use a mesh of its own (tensor-parallel; disjoint: the sampler's devices).
     sampler = sampler_lib.make_sampler(
         mcfg,
+        r,
+        max_prompt_len=r.max_prompt_len,
+        max_new_tokens=r.max_new_tokens,
         stop_ids=tokenizer.stop_ids,
         vocab_size=tokenizer.sample_limit,
         pad_id=tokenizer.pad_id,
-        mesh=sampler_mesh,
+        mesh=sharding.make_mesh(spec.sampler_mesh_shape, devices=rollout_devices),
         rules=rules,
-        **r.sampler_kwargs(),
+        **r.numerics(),
     )
     if r.slots:
         # The engine stands where the sampler does: same calls, same rollouts as the

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 import pytest
+from conftest import TINY
 
 from replax.config import learning, sections
 from replax.config import spec as spec_lib
@@ -17,6 +18,8 @@ from replax.replay import designs
 from replax.replay import store as replay_lib
 from replax.rl import objectives
 from replax.rl import train_step as train_step_lib
+from replax.sampling import distributions
+from replax.sampling import sampler as sampler_lib
 from replax.tools import experiments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -116,10 +119,15 @@ def test_library_arguments_from_the_sections():
     rollout = build("rollout", prompts_per_step=3, group_size=4, dtype="", cache_dtype="bfloat16")
     assert rollout.rollouts == 12
     assert rollout.numerics() == {"dtype": None, "cache_dtype": "bfloat16"}  # '': the model's
-    kwargs = rollout.sampler_kwargs()
-    assert kwargs["cache_dtype"] == "bfloat16" and kwargs["dtype"] is None
-    for key in ("max_prompt_len", "max_new_tokens", "temperature", "top_k", "top_p"):
-        assert kwargs[key] == getattr(rollout, key)
+    # The rollout section is a SamplingConfig: the sampler takes it as it is, and keeps
+    # the distribution's fields alone.
+    rollout = build("rollout", temperature=0.7, top_k=5, top_p=0.9)
+    assert isinstance(rollout, distributions.SamplingConfig)
+    sampler = sampler_lib.make_sampler(
+        TINY, rollout, max_prompt_len=4, max_new_tokens=4, stop_ids=(1,), pad_id=0
+    )
+    kept = dict(temperature=0.7, top_k=5, top_p=0.9, top_p_candidates=rollout.top_p_candidates)
+    assert sampler.sampling == distributions.SamplingConfig(**kept)
 
     # The replay section is a ReplayConfig: the store takes it as it is.
     replay = build("replay", max_age=0, max_reuse=3, capacity=8)

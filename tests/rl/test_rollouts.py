@@ -166,12 +166,12 @@ def test_generate_and_score_prefills_each_prompt_once_as_repeated_prompts_would(
     for temperature in (0.0, 1.0):
         sampler = sampler_lib.make_sampler(
             config,
+            sampler_lib.SamplingConfig(temperature=temperature),
             max_prompt_len=12,
             max_new_tokens=6,
             stop_ids=tokenizer.stop_ids,
             pad_id=tokenizer.pad_id,
             vocab_size=tokenizer.vocab_size,
-            temperature=temperature,
             mesh=sharding.make_mesh((2, 2, 2)),
         )
         key = jax.random.key(3)

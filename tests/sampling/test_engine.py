@@ -44,11 +44,11 @@ def make(mesh=None, **kwargs):
         max_new_tokens=NEW_TOKENS,
         stop_ids=STOPS,
         pad_id=PAD,
-        logit_bias=((62, 1.5), (63, 1.0)),
         mesh=mesh,
     )
     settings.update(kwargs)
-    return sampler_lib.make_sampler(CONFIG, **settings)
+    bias = sampler_lib.SamplingConfig(logit_bias=((62, 1.5), (63, 1.0)))
+    return sampler_lib.make_sampler(CONFIG, bias, **settings)
 
 
 def alone(sampler, params, ids, mask, rng):
