@@ -2,8 +2,10 @@
 
 `parse(config)` is called once, at the top of a script (or by `replax.run.trainer.train` when
 it is handed a ConfigDict); what flows down to `replax.run.assemble` and the library is the
-`RunSpec`, never the ConfigDict. Its sections (`replax.config.sections`) mirror the config
-files' sections and check their own fields; the run-wide keys sit on RunSpec itself, and
+`RunSpec`, never the ConfigDict. Its sections are the config files' sections, each checking
+its own fields: the library's own config types where a package has one (the loss, the
+optimizer), or a section that inherits it and adds only the run's keys (replay, rollout,
+warmstart), so that a setting is written once; the run-wide keys sit on RunSpec itself, and
 the rules that span sections are the `validate_*` functions of `replax.config.validation`, run
 when a RunSpec is made. A config from an earlier replax goes through
 `replax.config.migration.migrate` first. Nothing here builds a tokenizer or a task or asks JAX
