@@ -47,8 +47,10 @@ def make(mesh=None, **kwargs):
         mesh=mesh,
     )
     settings.update(kwargs)
-    bias = sampler_lib.SamplingConfig(logit_bias=((62, 1.5), (63, 1.0)))
-    return sampler_lib.make_sampler(CONFIG, bias, **settings)
+    names = [f.name for f in dataclasses.fields(sampler_lib.SamplingConfig)]
+    sampling = {k: settings.pop(k) for k in names if k in settings}
+    sampling = sampler_lib.SamplingConfig(logit_bias=((62, 1.5), (63, 1.0)), **sampling)
+    return sampler_lib.make_sampler(CONFIG, sampling, **settings)
 
 
 def alone(sampler, params, ids, mask, rng):
