@@ -131,11 +131,11 @@ def main(argv):
     def make(bias):
         return sampler_lib.make_sampler(
             config,
+            sampler_lib.SamplingConfig(logit_bias=((STOP_ID, float(bias)),)),
             max_prompt_len=PROMPT_LEN,
             max_new_tokens=NEW_TOKENS,
             stop_ids=(STOP_ID,),
             pad_id=PAD_ID,
-            logit_bias=((STOP_ID, float(bias)),),
         )
 
     def median_length(bias):

@@ -198,11 +198,11 @@ def measure(args) -> dict:
     def make(bias):
         return sampler_lib.make_sampler(
             config,
+            sampler_lib.SamplingConfig(logit_bias=((STOP_ID, float(bias)),)),
             max_prompt_len=p,
             max_new_tokens=n,
             stop_ids=(STOP_ID,),
             pad_id=PAD_ID,
-            logit_bias=((STOP_ID, float(bias)),),
             mesh=mesh,
             rules=rules,
         )

@@ -29,7 +29,6 @@ from replax.model import attention
 from replax.model import transformer as model_lib
 from replax.replay import auto as auto_replay
 from replax.replay import schedules
-from replax.replay import store as replay_lib
 from replax.tasks import Task, resolve_factory
 from replax.tasks import make_task as make_named_task
 from replax.text.tokenizer import ByteTokenizer, prompt_lengths
@@ -117,7 +116,6 @@ def build(spec: RunSpec, num_devices: int | None = None) -> Built:
             prompts = split_prompts(spec, task)
         lengths = {split: prompt_lengths(tokenizer, texts) for split, texts in prompts.items()}
         mcfg = model_config(spec.model)
-        replay_lib.make_replay_buffer(**spec.replay.buffer_kwargs())
     except TypeError as e:  # a task factory given keys it does not take
         raise ConfigError(task_keys_error(spec.task, e)) from None
     except (ValueError, OSError, ImportError) as e:

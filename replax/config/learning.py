@@ -1,5 +1,6 @@
-"""How a run learns: the rollout, replay, loss, optimizer, train and eval sections of a
-RunSpec, each checking its own keys."""
+"""How a run learns: the rollout, replay, train and eval sections of a RunSpec, each checking
+its own keys (the loss and optimizer sections are the library's own `objectives.LossConfig`
+and `train_step.OptimizerConfig`)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,19 @@ from replax.core.config_utils import number, one_of, positive, require
 from replax.model import transformer as model_lib
 from replax.replay import auto as auto_replay
 from replax.replay import store as replay_lib
-from replax.rl import objectives
-from replax.rl import train_step as train_step_lib
+from replax.sampling import distributions
 
 
-@dataclasses.dataclass(frozen=True)
-class RolloutSection:
-    """R = prompts_per_step x group_size fresh rollouts a step: lengths, sampling,
-    numerics and the sampler's mesh (empty: the training mesh)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutSection(distributions.SamplingConfig):
+    """R = prompts_per_step x group_size fresh rollouts a step: the sampling distribution
+    (`distributions.SamplingConfig`, whose fields it inherits: make_sampler takes the
+    section as it is), lengths, numerics and the sampler's mesh (empty: the training mesh)."""
 
     prompts_per_step: int
     group_size: int
     max_prompt_len: int
     max_new_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    top_p_candidates: int
     dtype: str
     cache_dtype: str
     mesh_shape: tuple[int, ...]
@@ -39,6 +36,7 @@ class RolloutSection:
     refill_every: int
 
     def __post_init__(self):
+        super().__post_init__()
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         number("rollout.slots", self.slots, low=0, integer=True)
         number("rollout.refill_every", self.refill_every, low=1, integer=True)
@@ -58,13 +56,9 @@ class RolloutSection:
             f"rollout.temperature={self.temperature}: must be > 0 (at 0 the G "
             "completions of a prompt are the same greedy one and every advantage is 0)",
         )
-        number("rollout.temperature", self.temperature, low=0, low_open=True)
-        number("rollout.top_k", self.top_k, low=0, integer=True)
-        number("rollout.top_p", self.top_p, low=0, low_open=True, high=1)
         for key in ("dtype", "cache_dtype"):
             if getattr(self, key):
                 one_of(f"rollout.{key}", getattr(self, key), tuple(model_lib.DTYPES))
-        number("rollout.top_p_candidates", self.top_p_candidates, low=1, integer=True)
         require(
             not self.slots or self.refill_every <= self.max_new_tokens,
             f"rollout.refill_every={self.refill_every} exceeds the length cap "
@@ -86,18 +80,6 @@ class RolloutSection:
         """The decoding weights' and KV cache's dtypes (None: the model's compute dtype)."""
         return dict(dtype=self.dtype or None, cache_dtype=self.cache_dtype or None)
 
-    def sampler_kwargs(self) -> dict[str, Any]:
-        """make_sampler's sampling, length and numerics arguments (not its mesh)."""
-        return dict(
-            max_prompt_len=self.max_prompt_len,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            top_p_candidates=self.top_p_candidates,
-            **self.numerics(),
-        )
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
@@ -115,48 +97,13 @@ class TrainSection:
         number("train.logits_chunk_size", self.logits_chunk_size, low=0, integer=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerSection:
-    """Adam(W) with clipping and a schedule (its length is RunSpec.total_steps)."""
-
-    learning_rate: float
-    schedule: str
-    warmup_steps: int
-    weight_decay: float
-    grad_clip: float
-    b1: float
-    b2: float
-    state_dtype: str
-
-    def __post_init__(self):
-        number("optimizer.learning_rate", self.learning_rate, low=0, low_open=True)
-        for key in ("b1", "b2"):
-            number(f"optimizer.{key}", getattr(self, key), low=0, high=1, high_open=True)
-        number("optimizer.weight_decay", self.weight_decay, low=0)
-        number("optimizer.grad_clip", self.grad_clip, low=0)
-        number("optimizer.warmup_steps", self.warmup_steps, low=0, integer=True)
-        one_of("optimizer.schedule", self.schedule, train_step_lib.SCHEDULES)
-        one_of("optimizer.state_dtype", self.state_dtype, train_step_lib.STATE_DTYPES)
-
-    def config(self, total_steps: int) -> train_step_lib.OptimizerConfig:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return train_step_lib.OptimizerConfig(total_steps=total_steps, **fields)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplaySection:
-    """The replay store (capacity N, sampling strategy, limits) and auto mode's settings."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplaySection(replay_lib.ReplayConfig):
+    """The replay store's own settings (`replay_lib.ReplayConfig`, whose fields it inherits:
+    the section is one, as make_replay_buffer takes it) and the run's: how generation is
+    scheduled (mode, auto mode's knobs), which rollouts are stored, the replay ratio."""
 
     mode: str
-    capacity: int
-    strategy: str
-    sample_mode: str
-    delta: float
-    recency_tau: float
-    priority_alpha: float
-    priority_beta: float
-    max_age: int
-    max_reuse: int
     drop_zero_advantage: bool
     mu: float
     auto_every: int
@@ -165,13 +112,8 @@ class ReplaySection:
     auto_min_y: float
 
     def __post_init__(self):
-        positive("replay.capacity", self.capacity)
-        number("replay.delta", self.delta, low=0, high=1)
-        for key in ("max_age", "max_reuse"):
-            number(f"replay.{key}", getattr(self, key), low=0, integer=True)
+        super().__post_init__()
         number("replay.mu", self.mu, low=0)
-        one_of("replay.strategy", self.strategy, replay_lib.STRATEGIES)
-        one_of("replay.sample_mode", self.sample_mode, replay_lib.SAMPLE_MODES)
         one_of("replay.mode", self.mode, sections.REPLAY_MODES)
         if self.mode == "auto":
             positive("replay.auto_every", self.auto_every)
@@ -183,94 +125,6 @@ class ReplaySection:
                 f"{self.auto_max_y!r} (1: down to on-policy)",
             )
             one_of("replay.auto_design", self.auto_design, tuple(auto_replay.DESIGNS))
-
-    def buffer_kwargs(self) -> dict[str, Any]:
-        """make_replay_buffer's arguments, less num_shards (set by the mesh)."""
-        return dict(
-            capacity=self.capacity,
-            strategy=self.strategy,
-            sample_mode=self.sample_mode,
-            delta=self.delta,
-            recency_tau=self.recency_tau,
-            priority_alpha=self.priority_alpha,
-            priority_beta=self.priority_beta,
-            max_age=self.max_age or None,
-            max_reuse=self.max_reuse or None,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSection:
-    """The objective on (possibly stale) rollouts and how advantages are normalised."""
-
-    name: str
-    epsilon_low: float
-    epsilon_high: float
-    dual_clip: float
-    rho_max: float
-    asymre_delta_v: float
-    m2po_tau: float
-    kl_coef: float
-    entropy_coef: float
-    aggregation: str
-    normalize_std: bool
-    positive_weight: float
-    cov_cut_frac: float
-    clip_cov_ratio: float
-    clip_cov_low: float
-    clip_cov_high: float
-    kl_cov_frac: float
-    kl_cov_coef: float
-
-    def __post_init__(self):
-        number("loss.epsilon_low", self.epsilon_low, low=0, high=1, high_open=True)
-        for key in ("epsilon_high", "dual_clip", "kl_coef"):
-            number(f"loss.{key}", getattr(self, key), low=0)
-        number("loss.rho_max", self.rho_max, low=0, low_open=True)
-        number("loss.entropy_coef", self.entropy_coef)
-        number("loss.positive_weight", self.positive_weight, low=0, low_open=True)
-        number("loss.cov_cut_frac", self.cov_cut_frac, low=0, high=1, high_open=True)
-        number("loss.clip_cov_ratio", self.clip_cov_ratio, low=0, high=1)
-        number("loss.clip_cov_low", self.clip_cov_low)
-        number("loss.clip_cov_high", self.clip_cov_high)
-        require(
-            self.clip_cov_low < self.clip_cov_high,
-            f"loss.clip_cov_low={self.clip_cov_low!r} with loss.clip_cov_high="
-            f"{self.clip_cov_high!r}: the band of covariances Clip-Cov draws from needs "
-            "low < high",
-        )
-        number("loss.kl_cov_frac", self.kl_cov_frac, low=0, high=1)
-        number("loss.kl_cov_coef", self.kl_cov_coef, low=0)
-        on = [f"loss.{k}" for k in objectives.COVARIANCE_OPTIONS if getattr(self, k)]
-        require(
-            len(on) <= 1,
-            f"{' and '.join(f'{k}={getattr(self, k[5:])!r}' for k in on)}: at most one "
-            "covariance option is on (set the others to 0)",
-        )
-        one_of("loss.name", self.name, objectives.LOSSES)
-        one_of("loss.aggregation", self.aggregation, objectives.AGGREGATIONS)
-        sections.library_check(self.config)
-
-    def config(self) -> objectives.LossConfig:
-        return objectives.LossConfig(
-            name=self.name,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            dual_clip=self.dual_clip or None,
-            rho_max=self.rho_max,
-            delta_v=self.asymre_delta_v,
-            m2po_tau=self.m2po_tau,
-            kl_coef=self.kl_coef,
-            entropy_coef=self.entropy_coef,
-            aggregation=self.aggregation,
-            positive_weight=self.positive_weight,
-            cov_cut_frac=self.cov_cut_frac,
-            clip_cov_ratio=self.clip_cov_ratio,
-            clip_cov_low=self.clip_cov_low,
-            clip_cov_high=self.clip_cov_high,
-            kl_cov_frac=self.kl_cov_frac,
-            kl_cov_coef=self.kl_cov_coef,
-        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 Each mirrors one section of a config (model, tokenizer, mesh, task, warmstart, rollout,
 train, optimizer, replay, loss, eval, log) and checks its own fields in `__post_init__`,
-raising ConfigError with one line naming the key and what is allowed. Methods give the
-library's arguments (`LossSection.config()` -> objectives.LossConfig, ...). A section
-builds no tokenizer or task and asks JAX for no devices: `replax.config.build.build`
-does. `replax.config.spec.RunSpec` holds them and runs the rules across sections.
+raising ConfigError with one line naming the key and what is allowed. A setting is written
+once, in the type of the package that uses it: the loss and optimizer sections are the
+library's own config types, the replay and warmstart sections inherit theirs and add only
+the run's keys. A section builds no tokenizer or task and asks JAX for no devices:
+`replax.config.build.build` does. `replax.config.spec.RunSpec` holds them and runs the
+rules across sections.
 """
 
 from __future__ import annotations
@@ -70,16 +72,16 @@ class WarmStartConfig:
     num_examples: int = 20_000
 
     def __post_init__(self):
-        if self.num_examples < 0:
-            raise ValueError(
-                f"warmstart.num_examples={self.num_examples}: allowed is 0 (the train "
-                "split) or a count >= 1"
-            )
-        if not 0.0 <= self.min_accuracy <= self.max_accuracy <= 1.0:
-            raise ValueError(
-                f"warmstart accuracies: need 0 <= min_accuracy ({self.min_accuracy}) <= "
-                f"max_accuracy ({self.max_accuracy}) <= 1"
-            )
+        number("warmstart.learning_rate", self.learning_rate, low=0, low_open=True)
+        for key in ("batch_size", "max_steps", "eval_every"):
+            number(f"warmstart.{key}", getattr(self, key), low=1, integer=True)
+        # 0: the train split (all of a file, or task.num_train examples of a generator).
+        number("warmstart.num_examples", self.num_examples, low=0, integer=True)
+        require(
+            0.0 <= self.min_accuracy <= self.max_accuracy <= 1.0,
+            f"warmstart accuracies: need 0 <= min_accuracy ({self.min_accuracy}) <= "
+            f"max_accuracy ({self.max_accuracy}) <= 1",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,39 +219,24 @@ class TaskSection:
         return {**data, **self.kwargs}
 
 
-@dataclasses.dataclass(frozen=True)
-class WarmstartSection:
-    """Supervised warm start (model.init='warmstart') and where its base is cached."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmstartSection(WarmStartConfig):
+    """Supervised warm start (model.init='warmstart'): the library's WarmStartConfig, whose
+    fields it inherits, and where its base is cached."""
 
-    min_accuracy: float
-    max_accuracy: float
-    max_steps: int
-    batch_size: int
-    learning_rate: float
-    eval_every: int
     cache_dir: str
-    num_examples: int
-
-    def __post_init__(self):
-        number("warmstart.learning_rate", self.learning_rate, low=0, low_open=True)
-        for key in ("batch_size", "max_steps", "eval_every"):
-            number(f"warmstart.{key}", getattr(self, key), low=1, integer=True)
-        number("warmstart.num_examples", self.num_examples, low=0, integer=True)
-        library_check(self.config)
 
     def config(self, num_train: int = 0) -> WarmStartConfig:
         """The library's config; num_examples=0 stands for the train split as the RL data
         holds it, task.num_train examples (`num_train`; 0 there too: all of a file)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del fields["cache_dir"]
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(WarmStartConfig)}
         return WarmStartConfig(**{**fields, "num_examples": self.num_examples or num_train})
 
     def cache_fields(self) -> dict[str, Any]:
         """What of this section a cached base depends on: not where it is stored, nor the
         pool of 20,000 examples that bases drew from before num_examples existed (so those
         bases stay valid)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del fields["cache_dir"]
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(WarmStartConfig)}
         return {k: v for k, v in fields.items() if (k, v) != ("num_examples", 20_000)}
 
 

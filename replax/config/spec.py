@@ -2,8 +2,10 @@
 
 `parse(config)` is called once, at the top of a script (or by `replax.run.trainer.train` when
 it is handed a ConfigDict); what flows down to `replax.run.assemble` and the library is the
-`RunSpec`, never the ConfigDict. Its sections (`replax.config.sections`) mirror the config
-files' sections and check their own fields; the run-wide keys sit on RunSpec itself, and
+`RunSpec`, never the ConfigDict. Its sections are the config files' sections, each checking
+its own fields: the library's own config types where a package has one (the loss, the
+optimizer), or a section that inherits it and adds only the run's keys (replay, rollout,
+warmstart), so that a setting is written once; the run-wide keys sit on RunSpec itself, and
 the rules that span sections are the `validate_*` functions of `replax.config.validation`, run
 when a RunSpec is made. A config from an earlier replax goes through
 `replax.config.migration.migrate` first. Nothing here builds a tokenizer or a task or asks JAX
@@ -22,8 +24,6 @@ import ml_collections
 from replax.config import validation
 from replax.config.learning import (
     EvalSection,
-    LossSection,
-    OptimizerSection,
     ReplaySection,
     RolloutSection,
     TrainSection,
@@ -40,6 +40,7 @@ from replax.config.sections import (
     WarmstartSection,
 )
 from replax.core.config_utils import did_you_mean, number, positive, require
+from replax.rl import objectives
 from replax.rl import train_step as train_step_lib
 
 
@@ -66,9 +67,9 @@ class RunSpec:
     warmstart: WarmstartSection
     rollout: RolloutSection
     train: TrainSection
-    optimizer: OptimizerSection
+    optimizer: train_step_lib.OptimizerConfig
     replay: ReplaySection
-    loss: LossSection
+    loss: objectives.LossConfig
     eval: EvalSection
     log: LogSection
 
@@ -79,6 +80,9 @@ class RunSpec:
         number("seed", self.seed, low=0, integer=True)
         for key in ("log_every", "checkpoint_keep"):
             number(key, getattr(self, key), low=1, integer=True)
+        if self.optimizer.total_steps != self.total_steps:  # the schedule runs the whole run
+            total = dataclasses.replace(self.optimizer, total_steps=self.total_steps)
+            object.__setattr__(self, "optimizer", total)
         validation.validate_spec(self)
 
     @property
@@ -105,17 +109,6 @@ class RunSpec:
             return self.rollout.mesh_shape or (-1, 1, 1)
         return self.rollout.mesh_shape or self.mesh.shape
 
-    def optimizer_config(self) -> train_step_lib.OptimizerConfig:
-        return self.optimizer.config(total_steps=self.total_steps)
-
-    def train_step_kwargs(self) -> dict[str, Any]:
-        """make_train_step's memory settings."""
-        return dict(
-            num_microbatches=self.train.num_microbatches,
-            logits_chunk_size=self.train.logits_chunk_size,
-            grad_clip=self.optimizer.grad_clip,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         """The plain dict of the config this spec was parsed from (what config.json holds)."""
         out = {}
@@ -126,7 +119,7 @@ class RunSpec:
             elif isinstance(value, TaskSection):
                 value = value.to_dict()
             elif dataclasses.is_dataclass(value):
-                value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+                value = {k: getattr(value, k) for k in config_keys(field.name)}
             out[field.name] = value
         return out
 
@@ -139,12 +132,34 @@ SECTIONS = {
     "warmstart": WarmstartSection,
     "rollout": RolloutSection,
     "train": TrainSection,
-    "optimizer": OptimizerSection,
+    "optimizer": train_step_lib.OptimizerConfig,
     "replay": ReplaySection,
-    "loss": LossSection,
+    "loss": objectives.LossConfig,
     "eval": EvalSection,
     "log": LogSection,
 }
+
+# Fields of a library config type that are no key of its config section (they keep the
+# library's defaults): the optimizer's schedule runs the run's total_steps; the replay
+# store's pool sizes and item keys are those of the rollouts the run stores; a run samples
+# from the policy's own distribution (no logit bias).
+NOT_CONFIG_KEYS = {
+    "optimizer": ("total_steps", "eps"),
+    "rollout": ("logit_bias",),
+    "replay": (
+        "positive_bias_size",
+        "priority_eps",
+        "correct_key",
+        "correct_threshold",
+        "advantage_key",
+    ),
+}
+
+
+def config_keys(section: str) -> list[str]:
+    """The keys of a config section: its type's fields, less NOT_CONFIG_KEYS."""
+    skip = NOT_CONFIG_KEYS.get(section, ())
+    return [f.name for f in dataclasses.fields(SECTIONS[section]) if f.name not in skip]
 
 
 def _check_keys(section: str, given, names) -> None:
@@ -174,7 +189,7 @@ def _section(name: str, values: Mapping[str, Any]):
     elif cls is TaskSection:
         data = {k: values.pop(k) for k in TASK_DATA_KEYS if k in values}
         values = {**data, "kwargs": values}
-    _check_keys(name, values, [f.name for f in dataclasses.fields(cls)])
+    _check_keys(name, values, config_keys(name))
     return cls(**values)
 
 

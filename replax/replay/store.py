@@ -1,6 +1,6 @@
 """Replay buffer for RL post-training: a first-in-first-out ring of rollouts on the devices.
 
-Pure functions over a frozen `ReplayState`, bound to validated static arguments by
+Pure functions over a frozen `ReplayState`, bound to a checked `ReplayConfig` by
 `make_replay_buffer` (in the style of flashbax). Nothing here is jitted: the caller jits
 `add` and `sample` with the state donated.
 
@@ -43,6 +43,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from replax.core.config_utils import number, one_of, positive
 from replax.replay import pools as replay_pool
 from replax.replay.pools import merge as _merge_pools
 from replax.replay.pools import split as _split_pools
@@ -112,25 +113,77 @@ def _shape_dtype(leaf) -> jax.ShapeDtypeStruct:
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplayBuffer:
-    """Static arguments of a replay buffer and its pure functions. Build with
-    `make_replay_buffer`; the fields are documented there."""
+class ReplayConfig:
+    """A replay store's settings, checked (messages name a run's config key, replay.*).
+
+    capacity: N slots in all (split over the buffer's data shards, N / S each).
+    strategy: `uniform` (with replacement, the paper's), `uniform_no_replacement` (within
+      a batch), `recency` (p ~ exp(-age / recency_tau), age in train steps), `positive_bias`
+      (uniform over the freshest (1 - delta) K items plus the freshest delta K correct ones
+      not already kept, K = positive_bias_size, 0: the pool size; correct means
+      items[correct_key] > correct_threshold; a capacity above K lets correct items outlive
+      the FIFO horizon K, as in the paper), `priority` (p ~ |items[advantage_key]|^alpha
+      + eps, importance weights with exponent priority_beta).
+    sample_mode: `local` (each shard draws B / S from its own slice) or `global`.
+    max_age: items older than this many steps are ineligible; max_reuse: items drawn this
+      many times are ineligible (0: no limit, either).
+    The fields after max_reuse are no keys of a run's config: they keep these defaults.
+    """
 
     capacity: int
-    strategy: str
-    num_shards: int
-    sample_mode: str
-    delta: float
-    positive_bias_size: int
-    recency_tau: float
-    priority_alpha: float
-    priority_beta: float
-    priority_eps: float
-    max_age: int | None
-    max_reuse: int | None
-    correct_key: str
-    correct_threshold: float
-    advantage_key: str
+    strategy: str = "uniform"
+    sample_mode: str = "local"
+    delta: float = 0.3
+    recency_tau: float = 8.0
+    priority_alpha: float = 0.6
+    priority_beta: float = 0.4
+    max_age: int = 0
+    max_reuse: int = 0
+    positive_bias_size: int = 0
+    priority_eps: float = 1e-3
+    correct_key: str = "reward"
+    correct_threshold: float = 0.5
+    advantage_key: str = "advantage"
+
+    def __post_init__(self):
+        positive("replay.capacity", self.capacity)
+        one_of("replay.strategy", self.strategy, STRATEGIES)
+        one_of("replay.sample_mode", self.sample_mode, SAMPLE_MODES)
+        number("replay.delta", self.delta, low=0, high=1)
+        for key in ("recency_tau", "priority_eps"):
+            number(f"replay.{key}", getattr(self, key), low=0, low_open=True)
+        number("replay.priority_alpha", self.priority_alpha, low=0)
+        number("replay.priority_beta", self.priority_beta, low=0, high=1)
+        for key in ("max_age", "max_reuse", "positive_bias_size"):
+            number(f"replay.{key}", getattr(self, key), low=0, integer=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayBuffer(ReplayConfig):
+    """A ReplayConfig bound to S = num_shards data shards, and its pure functions. Build
+    with `make_replay_buffer`."""
+
+    num_shards: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        S, N = self.num_shards, self.capacity
+        if S < 1 or N % S:
+            raise ValueError(f"capacity={N} does not split over num_shards={S}")
+        if self.bias_size % self.num_pools:
+            raise ValueError(
+                f"positive_bias_size={self.bias_size} must split over {self.num_pools} "
+                "sampling pools"
+            )
+
+    @property
+    def num_pools(self) -> int:
+        return self.num_shards if self.sample_mode == "local" else 1
+
+    @property
+    def bias_size(self) -> int:
+        """K, positive_bias' horizon (positive_bias_size, 0: the capacity)."""
+        return self.positive_bias_size or self.capacity
 
     @property
     def shard_capacity(self) -> int:
@@ -197,10 +250,11 @@ class ReplayBuffer:
         batch pytree with leaves [B, ...] shard-major in local mode, SampleInfo).
 
         max_age: optional int (may be traced) that replaces the static `max_age` for this
-        draw, so a controller can move the staleness limit without recompiling. once:
-        optional bool[] (may be traced); when true only never-drawn items are eligible,
-        drawn without replacement (auto mode's on-policy steps: each trained on once)."""
-        num_pools = self.num_shards if self.sample_mode == "local" else 1
+        draw (here 0 is a limit: this step's items only), so a controller can move the
+        staleness limit without recompiling. once: optional bool[] (may be traced); when
+        true only never-drawn items are eligible, drawn without replacement (auto mode's
+        on-policy steps: each trained on once)."""
+        num_pools = self.num_pools
         pool_size = self.capacity // num_pools
         if batch_size % num_pools:
             raise ValueError(
@@ -219,16 +273,16 @@ class ReplayBuffer:
         eligible = state.valid
         if self.strategy == "positive_bias":
             correct = state.items[self.correct_key] > self.correct_threshold
-            keep_size = self.positive_bias_size // num_pools
+            keep_size = self.bias_size // num_pools
             pool_eligible = functools.partial(
                 replay_pool.positive_bias_eligible, keep_size, self.delta
             )
             pooled = _split_pools((state.valid, state.serial, correct), num_pools)
             eligible = _merge_pools(jax.vmap(pool_eligible)(*pooled))
-        max_age = self.max_age if max_age is None else max_age
+        max_age = (self.max_age or None) if max_age is None else max_age
         if max_age is not None:
             eligible &= age <= max_age
-        if self.max_reuse is not None:
+        if self.max_reuse:
             eligible &= state.times_sampled < self.max_reuse
         if once is not None:
             eligible &= ~jnp.asarray(once, bool) | (state.times_sampled == 0)
@@ -242,7 +296,7 @@ class ReplayBuffer:
         # Draw B / P per pool, gather and count the draws within each pool.
         keys = jax.random.split(rng, num_pools)
         every_written_slot = self.strategy == "uniform" and max_age is None and once is None
-        if every_written_slot and self.max_reuse is None and num_pools == self.num_shards:
+        if every_written_slot and not self.max_reuse and num_pools == self.num_shards:
             # Each pool is a shard whose written slots all are drawable: no [N]-sized work.
             written = functools.partial(
                 replay_pool.draw_written, batch_size=per_pool, pool_size=pool_size
@@ -321,76 +375,8 @@ class ReplayBuffer:
         return num_rows.pop()
 
 
-def make_replay_buffer(
-    *,
-    capacity: int,
-    strategy: str = "uniform",
-    num_shards: int = 1,
-    sample_mode: str = "local",
-    delta: float = 0.3,
-    positive_bias_size: int | None = None,
-    recency_tau: float = 8.0,
-    priority_alpha: float = 0.6,
-    priority_beta: float = 0.4,
-    priority_eps: float = 1e-3,
-    max_age: int | None = None,
-    max_reuse: int | None = None,
-    correct_key: str = "reward",
-    correct_threshold: float = 0.5,
-    advantage_key: str = "advantage",
-) -> ReplayBuffer:
-    """Validates the static arguments of a replay buffer and binds them.
-
-    capacity: N slots in all; num_shards: S data shards, each owning N / S slots.
-    strategy: `uniform` (with replacement, the paper's), `uniform_no_replacement` (within
-      a batch), `recency` (p ~ exp(-age / recency_tau), age in train steps), `positive_bias`
-      (uniform over the freshest (1 - delta) K items plus the freshest delta K correct ones
-      not already kept, K = positive_bias_size, default the pool size; correct means
-      items[correct_key] > correct_threshold; a capacity above K lets correct items outlive
-      the FIFO horizon K, as in the paper), `priority` (p ~ |items[advantage_key]|^alpha
-      + eps, importance weights with exponent priority_beta).
-    sample_mode: `local` (each shard draws B / S from its own slice) or `global`.
-    max_age: items older than this many steps are ineligible; max_reuse: items drawn this
-      many times are ineligible.
-    """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
-    if sample_mode not in SAMPLE_MODES:
-        raise ValueError(f"unknown sample_mode {sample_mode!r}; allowed: {SAMPLE_MODES}")
-    if capacity < 1 or num_shards < 1 or capacity % num_shards:
-        raise ValueError(f"capacity={capacity} does not split over num_shards={num_shards}")
-    num_pools = num_shards if sample_mode == "local" else 1
-    positive_bias_size = capacity if positive_bias_size is None else positive_bias_size
-    if not 0 < positive_bias_size or positive_bias_size % num_pools:
-        raise ValueError(
-            f"positive_bias_size={positive_bias_size} must be positive and split over "
-            f"{num_pools} sampling pools"
-        )
-    if not 0.0 <= delta <= 1.0:
-        raise ValueError(f"delta={delta} must lie in [0, 1]")
-    if recency_tau <= 0 or priority_alpha < 0 or priority_eps <= 0:
-        raise ValueError(
-            f"need recency_tau > 0, priority_alpha >= 0, priority_eps > 0; got "
-            f"{recency_tau}, {priority_alpha}, {priority_eps}"
-        )
-    if not 0.0 <= priority_beta <= 1.0:
-        raise ValueError(f"priority_beta={priority_beta} must lie in [0, 1]")
-    if (max_age is not None and max_age < 0) or (max_reuse is not None and max_reuse < 1):
-        raise ValueError(f"need max_age >= 0 and max_reuse >= 1; got {max_age}, {max_reuse}")
-    return ReplayBuffer(
-        capacity=capacity,
-        strategy=strategy,
-        num_shards=num_shards,
-        sample_mode=sample_mode,
-        delta=delta,
-        positive_bias_size=positive_bias_size,
-        recency_tau=recency_tau,
-        priority_alpha=priority_alpha,
-        priority_beta=priority_beta,
-        priority_eps=priority_eps,
-        max_age=max_age,
-        max_reuse=max_reuse,
-        correct_key=correct_key,
-        correct_threshold=correct_threshold,
-        advantage_key=advantage_key,
-    )
+def make_replay_buffer(config: ReplayConfig, num_shards: int = 1) -> ReplayBuffer:
+    """The replay store of `config` over num_shards data shards, S, each owning N / S
+    slots: the settings checked and bound to the store's pure functions."""
+    settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(ReplayConfig)}
+    return ReplayBuffer(**settings, num_shards=num_shards)

@@ -62,8 +62,12 @@ def make_samplers(model_config, tokenizer, **kwargs):
         pad_id=tokenizer.pad_id,
         **kwargs,
     )
-    greedy = sampler_lib.make_sampler(model_config, temperature=0.0, **common)
-    return greedy, sampler_lib.make_sampler(model_config, temperature=1.0, **common)
+    greedy = sampler_lib.make_sampler(
+        model_config, sampler_lib.SamplingConfig(temperature=0.0), **common
+    )
+    return greedy, sampler_lib.make_sampler(
+        model_config, sampler_lib.SamplingConfig(temperature=1.0), **common
+    )
 
 
 class Evaluator:

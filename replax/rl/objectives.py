@@ -16,6 +16,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from replax.core.config_utils import number, one_of, require
+
 LOSSES = ("ppo", "tis", "topr", "asymre", "decoupled_ppo", "m2po", "reinforce")
 AGGREGATIONS = ("token_mean", "sequence_mean")
 # Alternative answers to the same entropy collapse (two cut the same tokens' gradient, the
@@ -50,12 +52,12 @@ class LossConfig:
     name: `ppo` (clip pi / mu to [1 - epsilon_low, 1 + epsilon_high]; with dual_clip = c
       the loss of a negative-advantage token is at most c |A|), `tis` (sg(min(pi / mu,
       rho_max)) A log pi), `topr` (no IS weight for A >= 0, sg(clip(pi / mu, 0, 1)) for
-      A < 0), `asymre` ((r - (baseline + delta_v)) log pi, no ratio), `decoupled_ppo`
+      A < 0), `asymre` ((r - (baseline + asymre_delta_v)) log pi, no ratio), `decoupled_ppo`
       (clip pi / pi_prox, reweight by sg(min(pi_prox / mu, rho_max))), `m2po` (A pi / mu,
       unclipped, over the tokens left once the largest squared log ratios are masked until
       their batch mean is <= m2po_tau), `reinforce` (A log pi).
     positive_weight: lambda, the weight of a rollout whose advantage (for `asymre`, whose
-      r - (baseline + delta_v)) is positive; negatives keep weight 1. Below 1 it is
+      r - (baseline + asymre_delta_v)) is positive; negatives keep weight 1. Below 1 it is
       W-REINFORCE's down-weighting of positive samples (Zhu et al. 2025): reinforcing
       answers that are already likely is what lowers the policy's entropy.
     Covariance options (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning
@@ -91,13 +93,16 @@ class LossConfig:
     name: str = "ppo"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
-    dual_clip: float | None = None
+    # 0: off; else c > 1.
+    dual_clip: float = 0.0
     rho_max: float = 2.0
-    delta_v: float = -0.1
+    asymre_delta_v: float = -0.1
     m2po_tau: float = 0.04
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     aggregation: str = "token_mean"
+    # Group advantages divided by the group's std (GRPO), or not (Dr.GRPO).
+    normalize_std: bool = True
     positive_weight: float = 1.0
     cov_cut_frac: float = 0.0
     clip_cov_ratio: float = 0.0
@@ -107,46 +112,41 @@ class LossConfig:
     kl_cov_coef: float = 1.0
 
     def __post_init__(self):
-        if self.name not in LOSSES:
-            raise ValueError(f"unknown loss {self.name!r}; allowed: {', '.join(LOSSES)}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"unknown aggregation {self.aggregation!r}; allowed: {', '.join(AGGREGATIONS)}"
-            )
-        if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
-            raise ValueError(
-                f"need 0 <= epsilon_low < 1 and epsilon_high >= 0; got "
-                f"{self.epsilon_low}, {self.epsilon_high}"
-            )
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ValueError(f"dual_clip={self.dual_clip} must exceed 1")
-        if self.rho_max <= 0 or self.m2po_tau <= 0 or self.kl_coef < 0:
-            raise ValueError(
-                f"need rho_max > 0, m2po_tau > 0, kl_coef >= 0; got "
-                f"{self.rho_max}, {self.m2po_tau}, {self.kl_coef}"
-            )
-        if not self.positive_weight > 0:
-            raise ValueError(f"positive_weight={self.positive_weight} must be > 0")
-        if not 0 <= self.cov_cut_frac < 1:
-            raise ValueError(f"cov_cut_frac={self.cov_cut_frac} must be in [0, 1)")
-        if not (0 <= self.clip_cov_ratio <= 1 and 0 <= self.kl_cov_frac <= 1):
-            raise ValueError(
-                f"clip_cov_ratio={self.clip_cov_ratio} and kl_cov_frac={self.kl_cov_frac} "
-                "must be in [0, 1]"
-            )
-        if not self.clip_cov_low < self.clip_cov_high:
-            raise ValueError(
-                f"clip_cov_low={self.clip_cov_low} must be below clip_cov_high="
-                f"{self.clip_cov_high}: the band of covariances Clip-Cov draws from"
-            )
-        if not self.kl_cov_coef >= 0:
-            raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
+        # Messages name the config key (loss.*): a run's config section is this type.
+        one_of("loss.name", self.name, LOSSES)
+        one_of("loss.aggregation", self.aggregation, AGGREGATIONS)
+        one_of("loss.normalize_std", self.normalize_std, (False, True))
+        number("loss.epsilon_low", self.epsilon_low, low=0, high=1, high_open=True)
+        for key in ("epsilon_high", "dual_clip", "kl_coef"):
+            number(f"loss.{key}", getattr(self, key), low=0)
+        require(
+            self.dual_clip == 0 or self.dual_clip > 1,
+            f"loss.dual_clip={self.dual_clip!r}: allowed are 0 (off) or a bound c > 1 on a "
+            "negative-advantage token's loss, c |A|",
+        )
+        number("loss.rho_max", self.rho_max, low=0, low_open=True)
+        number("loss.m2po_tau", self.m2po_tau, low=0, low_open=True)
+        number("loss.asymre_delta_v", self.asymre_delta_v)
+        number("loss.entropy_coef", self.entropy_coef)
+        number("loss.positive_weight", self.positive_weight, low=0, low_open=True)
+        number("loss.cov_cut_frac", self.cov_cut_frac, low=0, high=1, high_open=True)
+        number("loss.clip_cov_ratio", self.clip_cov_ratio, low=0, high=1)
+        number("loss.clip_cov_low", self.clip_cov_low)
+        number("loss.clip_cov_high", self.clip_cov_high)
+        require(
+            self.clip_cov_low < self.clip_cov_high,
+            f"loss.clip_cov_low={self.clip_cov_low!r} with loss.clip_cov_high="
+            f"{self.clip_cov_high!r}: the band of covariances Clip-Cov draws from needs "
+            "low < high",
+        )
+        number("loss.kl_cov_frac", self.kl_cov_frac, low=0, high=1)
+        number("loss.kl_cov_coef", self.kl_cov_coef, low=0)
         on = [k for k in COVARIANCE_OPTIONS if getattr(self, k)]
-        if len(on) > 1:
-            raise ValueError(
-                f"{' and '.join(on)} are both on: at most one covariance option "
-                f"({', '.join(COVARIANCE_OPTIONS)}) at a time"
-            )
+        require(
+            len(on) <= 1,
+            f"{' and '.join(f'loss.{k}={getattr(self, k)!r}' for k in on)}: at most one "
+            "covariance option is on (set the others to 0)",
+        )
 
     @property
     def covariance_option(self) -> str | None:
@@ -162,7 +162,7 @@ def _ppo_clip(ratio, advantage, config: LossConfig):
     """PPO-clip per token: ratio [L], advantage [] -> (loss [L], clipped low, clipped high)."""
     clipped_ratio = jnp.clip(ratio, 1 - config.epsilon_low, 1 + config.epsilon_high)
     loss = -jnp.minimum(ratio * advantage, clipped_ratio * advantage)
-    if config.dual_clip is not None:
+    if config.dual_clip:
         # Unclipped, a stale token with A < 0 costs ratio |A|, unbounded as ratio grows.
         loss = jnp.where(advantage < 0, jnp.minimum(loss, -config.dual_clip * advantage), loss)
     clipped_low = (advantage < 0) & (ratio < 1 - config.epsilon_low)
@@ -180,7 +180,7 @@ def _sequence_token_loss(
     )
     # W-REINFORCE's lambda scales the policy term of a positive sequence only (KL and
     # entropy terms are added after): min(r lambda A, clip(r) lambda A) = lambda x PPO's.
-    signal = reward - (baseline + config.delta_v) if config.name == "asymre" else advantage
+    signal = reward - (baseline + config.asymre_delta_v) if config.name == "asymre" else advantage
     return jnp.where(signal > 0, config.positive_weight, 1.0) * loss, clipped_low, clipped_high
 
 
@@ -201,7 +201,7 @@ def _policy_token_loss(
         weight = jnp.where(advantage >= 0, 1.0, sg(jnp.clip(ratio, 0.0, 1.0)))
         return -weight * advantage * logprobs, never, (advantage < 0) & (ratio > 1)
     if config.name == "asymre":
-        return -(reward - (baseline + config.delta_v)) * logprobs, never, never
+        return -(reward - (baseline + config.asymre_delta_v)) * logprobs, never, never
     if config.name == "decoupled_ppo":
         loss, clipped_low, clipped_high = _ppo_clip(
             jnp.exp(logprobs - proximal_logprobs), advantage, config

@@ -33,6 +33,7 @@ import numpy as np
 import optax
 
 from replax.core import sharding
+from replax.core.config_utils import number, one_of, positive
 from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.rl import gradients, objectives
@@ -43,34 +44,38 @@ STATE_DTYPES = ("float32", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW with global-norm clipping and an optional warm-up + decay schedule."""
+    """AdamW with global-norm clipping and an optional warm-up + decay schedule.
+
+    A run's optimizer.* keys are these fields but `total_steps` (the run's own total_steps,
+    the schedule's length) and `eps` (Adam's, at its default); the checks name the key.
+    """
 
     learning_rate: float = 1e-4
     schedule: str = "constant"
     warmup_steps: int = 0
-    total_steps: int = 1000
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
     weight_decay: float = 0.0
     # Clip the global gradient norm to this value; 0 disables clipping.
     grad_clip: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.999
     # Adam's first moment (mu) in this dtype. The second (nu) stays in the params' dtype:
     # bfloat16 keeps 8 significant bits, so nu * b2 with b2 = 0.999 would round back to nu
     # and the second moment could never decay.
     state_dtype: str = "float32"
+    total_steps: int = 1000
+    eps: float = 1e-8
 
     def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"optimizer.schedule={self.schedule!r}: allowed are {SCHEDULES}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"optimizer.learning_rate={self.learning_rate} must be > 0")
-        if self.grad_clip < 0:
-            raise ValueError(f"optimizer.grad_clip={self.grad_clip} must be >= 0")
-        if self.state_dtype not in STATE_DTYPES:
-            raise ValueError(
-                f"optimizer.state_dtype={self.state_dtype!r}: allowed are {STATE_DTYPES}"
-            )
+        number("optimizer.learning_rate", self.learning_rate, low=0, low_open=True)
+        for key in ("b1", "b2"):
+            number(f"optimizer.{key}", getattr(self, key), low=0, high=1, high_open=True)
+        number("optimizer.weight_decay", self.weight_decay, low=0)
+        number("optimizer.grad_clip", self.grad_clip, low=0)
+        number("optimizer.warmup_steps", self.warmup_steps, low=0, integer=True)
+        number("optimizer.eps", self.eps, low=0, low_open=True)
+        positive("total_steps", self.total_steps)
+        one_of("optimizer.schedule", self.schedule, SCHEDULES)
+        one_of("optimizer.state_dtype", self.state_dtype, STATE_DTYPES)
 
 
 def make_schedule(config: OptimizerConfig) -> optax.Schedule:

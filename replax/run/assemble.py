@@ -115,10 +115,8 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     mcfg, tokenizer = built.model_config, built.tokenizer
     model = model_lib.Transformer(mcfg)
     schedule = cfg.make_schedule(spec)
-    buffer = replay_lib.make_replay_buffer(
-        num_shards=sharding.data_parallel_size(mesh, rules), **spec.replay.buffer_kwargs()
-    )
-    optimizer, seq_len = train_step_lib.make_optimizer(spec.optimizer_config()), spec.seq_len
+    buffer = replay_lib.make_replay_buffer(spec.replay, sharding.data_parallel_size(mesh, rules))
+    optimizer, seq_len = train_step_lib.make_optimizer(spec.optimizer), spec.seq_len
 
     # The replay store, sharded over the data axes like the batch.
     item = rollouts.rollout_spec(seq_len)
@@ -143,12 +141,14 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         temperature=r.temperature,
         half_batch_stats=schedule.half_batch_stats,
         vocab_size=tokenizer.sample_limit,
-        **spec.train_step_kwargs(),
+        num_microbatches=spec.train.num_microbatches,
+        logits_chunk_size=spec.train.logits_chunk_size,
+        grad_clip=spec.optimizer.grad_clip,
     )
-    train_step = onpolicy_train_step = make_step(spec.loss.config())
-    if schedule.varies_training and spec.loss.config().covariance_option:
+    train_step = onpolicy_train_step = make_step(spec.loss)
+    if schedule.varies_training and spec.loss.covariance_option:
         # Auto mode's on-policy steps train as on-policy does (compiled on first use).
-        onpolicy_train_step = make_step(spec.loss.config().without_covariance())
+        onpolicy_train_step = make_step(spec.loss.without_covariance())
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
             buffer,
@@ -160,17 +160,18 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
         donate_argnums=(0,),
     )
-    # Decoding may use a mesh of its own (e.g. tensor-parallel), over the same devices or,
-    # disjoint, over the sampler's.
-    sampler_mesh = sharding.make_mesh(spec.sampler_mesh_shape, devices=rollout_devices)
+    # Decoding may use a mesh of its own (tensor-parallel; disjoint: the sampler's devices).
     sampler = sampler_lib.make_sampler(
         mcfg,
+        r,
+        max_prompt_len=r.max_prompt_len,
+        max_new_tokens=r.max_new_tokens,
         stop_ids=tokenizer.stop_ids,
         vocab_size=tokenizer.sample_limit,
         pad_id=tokenizer.pad_id,
-        mesh=sampler_mesh,
+        mesh=sharding.make_mesh(spec.sampler_mesh_shape, devices=rollout_devices),
         rules=rules,
-        **r.sampler_kwargs(),
+        **r.numerics(),
     )
     if r.slots:
         # The engine stands where the sampler does: same calls, same rollouts as the

@@ -19,6 +19,7 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -64,10 +65,11 @@ def train(
         warn(slow)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     has_checkpoint = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
-    runtime.check_resume_config(workdir, spec.to_dict(), has_checkpoint)
+    config = spec.to_dict()  # the run's config.json
+    runtime.check_resume_config(workdir, config, has_checkpoint)
     os.makedirs(workdir, exist_ok=True)
     with runtime.WorkdirLock(workdir):
-        runtime.record_run_config(workdir, spec.to_dict())
+        runtime.record_run_config(workdir, config)
         data = prepare_data(run)
         skipped = data.skipped_line(spec.rollout.max_prompt_len)
         if skipped:
@@ -84,7 +86,9 @@ def train(
                 states[2].lora_base = frozen_base.save_base(run, states[0].params)
             for line in progress.banner(run, states[0]):
                 log(line)
-            summary = run_loop(run, data, checkpointer, *states, prompt_iter, stop, log=log)
+            summary = run_loop(
+                run, data, checkpointer, *states, prompt_iter, stop, log=log, config=config
+            )
             # The prompts the data set left out: split -> [skipped, of how many].
             return {**summary, "skipped_prompts": dict(data.skipped_prompts)}
         finally:
@@ -170,17 +174,20 @@ def run_loop(
     prompt_iter,
     stop=None,
     log=print,
+    *,
+    config: Mapping[str, Any],
 ):
     """The RL loop from loop.step to total_steps, or until `stop` (a runtime.StopRequest)
-    is requested: then it checkpoints the step it finished and raises runtime.Preempted."""
+    is requested: then it checkpoints the step it finished and raises runtime.Preempted.
+    `config` is the run's config.json (run.spec.to_dict()), given to the metrics writer."""
     c, evaluator, schedule, account = run.spec, data.evaluator, loop.schedule, loop.account
     if loop.base_accuracy is None:
         log(f"evaluating the base policy on {len(evaluator.examples)} held-out prompts ...")
         loop.base_accuracy = evaluator.accuracy(train_state.params, jax.random.key(0))
         log(f"base held-out accuracy {loop.base_accuracy:.3f}")
-    writer, bar = _outputs(run, loop)
+    writer, bar = _outputs(run, loop, config)
     # The schedule's rate of each optimizer update, looked up on the host.
-    learning_rates = train_step_lib.learning_rates(c.optimizer_config(), c.total_steps)
+    learning_rates = train_step_lib.learning_rates(c.optimizer, c.total_steps)
     idle = steps.nothing_generated(run)
     base_key, record, stopping = jax.random.key(c.seed), {}, False
     t_start = time.time() - loop.wall_s
@@ -287,14 +294,14 @@ def run_loop(
     }
 
 
-def _outputs(run: Run, loop: LoopState):
+def _outputs(run: Run, loop: LoopState, config: Mapping[str, Any]):
     """The run's metrics writer and progress bar (process 0's; silent on the others)."""
     c, primary = run.spec, jax.process_index() == 0
     writer = metrics_lib.MetricsWriter(
         run.workdir,
         resume_step=loop.step,
         enabled=primary,
-        config=c.to_dict(),
+        config=dict(config),
         wandb_mode=c.log.wandb_mode if c.log.wandb else None,
     )
     bar = progress.make_progress(

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replax.core import categorical
+from replax.core.config_utils import ConfigError, number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,22 +39,20 @@ class SamplingConfig:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"sampler.temperature={self.temperature}: must be >= 0 (0 = greedy)")
-        if not (isinstance(self.top_k, int | np.integer) and self.top_k >= 0):
-            raise ValueError(f"sampler.top_k={self.top_k}: must be an integer >= 0 (0 = off)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"sampler.top_p={self.top_p}: must be in (0, 1] (1 = off)")
-        candidates = self.top_p_candidates
-        if not (isinstance(candidates, int | np.integer) and candidates >= 1):
-            raise ValueError(f"sampler.top_p_candidates={candidates}: allowed is an integer >= 1")
-        for pair in self.logit_bias:
+        # Messages name a run's config key (rollout.*): a run's rollout section is this type.
+        number("rollout.temperature", self.temperature, low=0)
+        number("rollout.top_k", self.top_k, low=0, integer=True)
+        number("rollout.top_p", self.top_p, low=0, low_open=True, high=1)
+        number("rollout.top_p_candidates", self.top_p_candidates, low=1, integer=True)
+        pairs = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in self.logit_bias)
+        for pair in pairs:
             ok = isinstance(pair, tuple) and len(pair) == 2
             if not (ok and isinstance(pair[0], int | np.integer) and pair[0] >= 0):
-                raise ValueError(
+                raise ConfigError(
                     f"sampler.logit_bias={self.logit_bias!r}: allowed are (token id >= 0, "
                     "bias) pairs"
                 )
+        object.__setattr__(self, "logit_bias", tuple((int(i), float(b)) for i, b in pairs))
 
     @property
     def greedy(self) -> bool:

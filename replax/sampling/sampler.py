@@ -2,8 +2,8 @@
 `replax.sampling.decode` (one prefill call, then the whole loop inside `lax.while_loop`) and
 casts and reshards the params it is given.
 
-    sampler = make_sampler(model_config, max_prompt_len=16, max_new_tokens=64,
-                           stop_ids=(1,), pad_id=0, temperature=1.0, mesh=mesh)
+    sampler = make_sampler(model_config, SamplingConfig(temperature=1.0), max_prompt_len=16,
+                           max_new_tokens=64, stop_ids=(1,), pad_id=0, mesh=mesh)
     out = sampler.generate(params, prompt_ids, prompt_mask, rng)  # SampleOutput
     group = sampler.generate(params, prompt_ids, prompt_mask, rng, num_samples=8)
 
@@ -349,16 +349,12 @@ class Sampler:
 
 def make_sampler(
     model_config: model_lib.ModelConfig,
+    sampling: SamplingConfig | None = None,
     *,
     max_prompt_len: int,
     max_new_tokens: int,
     stop_ids: tuple[int, ...],
     pad_id: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    top_p_candidates: int = 64,
-    logit_bias: tuple[tuple[int, float], ...] = (),
     mesh: jax.sharding.Mesh | None = None,
     rules=None,
     dtype: str | None = None,
@@ -367,11 +363,11 @@ def make_sampler(
 ) -> Sampler:
     """Validates the settings and returns a `Sampler` bound to them.
 
+    sampling: the distribution (`SamplingConfig`, or a type that inherits it, such as a
+      run's rollout section: the sampler keeps the SamplingConfig's fields alone); None:
+      SamplingConfig(), temperature 1 and no filter.
     stop_ids: the token ids that end a completion (a tokenizer's `stop_ids`).
     vocab_size: the tokenizer's vocabulary, when the model's has rows past it.
-    top_p_candidates: top-p looks for its cut among this many most likely tokens, and
-      sorts the whole vocabulary only when, for some row, they hold less than top_p.
-    logit_bias: (token id, bias) pairs added to the logits (`SamplingConfig`).
     mesh, rules: the sampler's own mesh (over the same devices as training's, any shape,
       e.g. (1, 1, 8) for tensor parallelism) and rule table (default
       `sharding.DEFAULT_RULES`); params are sharded by their logical axes, rows over
@@ -379,19 +375,15 @@ def make_sampler(
     dtype: dtype name the sampler casts the weights to and computes in (default: the
       model's); cache_dtype: that of the KV cache (default: the compute dtype).
     """
+    sampling = SamplingConfig() if sampling is None else sampling
+    fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(SamplingConfig)}
     return Sampler(
         model_config,
         max_prompt_len=max_prompt_len,
         max_new_tokens=max_new_tokens,
         stop_ids=stop_ids,
         pad_id=pad_id,
-        sampling=SamplingConfig(
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            top_p_candidates=top_p_candidates,
-            logit_bias=tuple((int(i), float(b)) for i, b in logit_bias),
-        ),
+        sampling=SamplingConfig(**fields),
         mesh=mesh,
         rules=rules,
         dtype=dtype,

@@ -113,12 +113,12 @@ class Replax:
         self.rules = sharding.validate_rules(sharding.DEFAULT_RULES)
         self.sampler = sampler_lib.make_sampler(
             self.config,
+            sampler_lib.SamplingConfig(temperature=1.0),
             max_prompt_len=shape.prompt_len,
             max_new_tokens=shape.new_tokens,
             stop_ids=(shape.stop_id,),
             pad_id=PAD_ID,
-            temperature=1.0,
-            vocab_size=shape.stop_id,  # the stop row is never sampled
+            vocab_size=shape.stop_id,
         )
         self.shared_prefill = "num_samples" in inspect.signature(self.sampler.generate).parameters
         self.state = None

@@ -42,7 +42,12 @@ def main():
         # EOS id 1 is outside what the random prompts use but can be sampled: the
         # token count is taken from the run itself.
         sampler = sampler_lib.make_sampler(
-            config, max_prompt_len=16, max_new_tokens=64, stop_ids=(1,), pad_id=0, temperature=1.0
+            config,
+            sampler_lib.SamplingConfig(temperature=1.0),
+            max_prompt_len=16,
+            max_new_tokens=64,
+            stop_ids=(1,),
+            pad_id=0,
         )
         prompts = np.random.default_rng(batch).integers(2, 512, (batch, 16)).astype(np.int32)
         mask = np.ones((batch, 16), bool)

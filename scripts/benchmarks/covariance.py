@@ -74,7 +74,7 @@ def _steps(spec, loss_configs):
     model = model_lib.Transformer(spec.model.config())
     mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     rules = sharding.validate_rules(sharding.DEFAULT_RULES)
-    optimizer = train_step_lib.make_optimizer(spec.optimizer_config())
+    optimizer = train_step_lib.make_optimizer(spec.optimizer)
     batch = rollout_batch(spec, np.random.default_rng(0))
     batch_sharding = train_step_lib.batch_shardings(mesh, rules, batch)
     batch = jax.device_put(batch, batch_sharding)
@@ -92,7 +92,9 @@ def _steps(spec, loss_configs):
             state_shardings,
             batch_sharding,
             temperature=spec.rollout.temperature,
-            **spec.train_step_kwargs(),
+            num_microbatches=spec.train.num_microbatches,
+            logits_chunk_size=spec.train.logits_chunk_size,
+            grad_clip=spec.optimizer.grad_clip,
         )
         with sharding.activation_rules(mesh, rules):
             compiled = step.jitted.lower(state, batch).compile()
@@ -108,7 +110,7 @@ def bench_covariance(repeats: int) -> dict:
     from replax.model import flops as flops_lib
 
     spec = smollm2_spec()
-    plain = spec.loss.config()
+    plain = spec.loss
     configs = {"plain": plain}
     configs.update({k: dataclasses.replace(plain, **v) for k, v in OPTIONS.items()})
     start = time.perf_counter()

@@ -122,11 +122,11 @@ def _sampler_call(config, batch, new_tokens, temperature):
     params["final_norm"]["scale"] = params["final_norm"]["scale"] * 8.0  # peaked, as trained
     sampler = sampler_lib.make_sampler(
         config,
+        sampler_lib.SamplingConfig(temperature=1.0),
         max_prompt_len=PROMPT_LEN,
         max_new_tokens=new_tokens,
-        stop_ids=(1,),  # all rows must stop before the loop does: as good as never
+        stop_ids=(1,),
         pad_id=0,
-        temperature=1.0,
     )
     prompts = np.random.default_rng(batch).integers(2, config.vocab_size, (batch, PROMPT_LEN))
     args = (params, jnp.asarray(prompts, jnp.int32), jnp.ones((batch, PROMPT_LEN), bool))
@@ -162,7 +162,9 @@ def _replay_call():
     from replax.replay import store as replay_lib
 
     items = replay_items(np.random.default_rng(0), REPLAY_BATCH)
-    buffer = replay_lib.make_replay_buffer(capacity=4096, strategy="uniform")
+    buffer = replay_lib.make_replay_buffer(
+        replay_lib.ReplayConfig(capacity=4096, strategy="uniform")
+    )
     add = jax.jit(buffer.add, donate_argnums=0)
     sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
     holder = {"state": buffer.init(jax.tree.map(lambda x: x[0], items))}

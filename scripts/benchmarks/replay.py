@@ -58,7 +58,9 @@ def replay_latencies(capacity: int, items, calls: int) -> tuple[dict, dict]:
         fbx = None
     example = jax.tree.map(lambda x: x[0], items)
     step = jnp.int32(7)
-    buffer = replay_lib.make_replay_buffer(capacity=capacity, strategy="uniform")
+    buffer = replay_lib.make_replay_buffer(
+        replay_lib.ReplayConfig(capacity=capacity, strategy="uniform")
+    )
     ours_add = jax.jit(buffer.add, donate_argnums=0)
     ours_sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
     states = {"ours": buffer.init(example)}

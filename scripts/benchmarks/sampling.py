@@ -93,11 +93,11 @@ def bench_sampler(repeats: int) -> dict:
         samplers = {
             "cached": sampler_lib.make_sampler(
                 config,
+                sampler_lib.SamplingConfig(temperature=1.0),
                 max_prompt_len=PROMPT_LEN,
                 max_new_tokens=NEW_TOKENS,
                 stop_ids=(1,),
                 pad_id=0,
-                temperature=1.0,
             ).generate,
             "nocache": nocache_sampler.make_generate(
                 config, max_new_tokens=NEW_TOKENS, eos_id=1, pad_id=0, temperature=1.0
@@ -219,11 +219,11 @@ def bench_top_p(repeats: int) -> dict:
     prompt_mask = jnp.ones((batch, PROMPT_LEN), bool)
     sampler = sampler_lib.make_sampler(
         config,
+        sampler_lib.SamplingConfig(temperature=1.0),
         max_prompt_len=PROMPT_LEN,
         max_new_tokens=TOP_P_NEW_TOKENS,
         stop_ids=(1,),
         pad_id=0,
-        temperature=1.0,
     )
     args = (params, prompt_ids, prompt_mask, jax.random.key(1))
     generate = {top_p: functools.partial(sampler.generate, top_p=top_p) for top_p in (0.95, 1.0)}

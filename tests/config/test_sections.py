@@ -7,8 +7,10 @@ import dataclasses
 import os
 
 import pytest
+from conftest import TINY
 
 from replax.config import learning, sections
+from replax.config import spec as spec_lib
 from replax.core import sharding
 from replax.core.config_utils import ConfigError
 from replax.model import transformer as model_lib
@@ -16,6 +18,8 @@ from replax.replay import designs
 from replax.replay import store as replay_lib
 from replax.rl import objectives
 from replax.rl import train_step as train_step_lib
+from replax.sampling import distributions
+from replax.sampling import sampler as sampler_lib
 from replax.tools import experiments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,9 +33,9 @@ CLASSES = {
     "warmstart": sections.WarmstartSection,
     "rollout": learning.RolloutSection,
     "train": learning.TrainSection,
-    "optimizer": learning.OptimizerSection,
+    "optimizer": train_step_lib.OptimizerConfig,
     "replay": learning.ReplaySection,
-    "loss": learning.LossSection,
+    "loss": objectives.LossConfig,
     "eval": learning.EvalSection,
     "log": sections.LogSection,
 }
@@ -70,7 +74,7 @@ def test_a_section_holds_its_config_keys(name):
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(section, dataclasses.fields(section)[0].name, None)
     expected = keys(name)
-    assert {f.name for f in dataclasses.fields(section)} == set(expected)
+    assert set(spec_lib.config_keys(name)) == set(expected)
     for key, value in expected.items():
         got = getattr(section, key)
         if isinstance(value, list):  # a config.json's lists are held as tuples
@@ -115,25 +119,36 @@ def test_library_arguments_from_the_sections():
     rollout = build("rollout", prompts_per_step=3, group_size=4, dtype="", cache_dtype="bfloat16")
     assert rollout.rollouts == 12
     assert rollout.numerics() == {"dtype": None, "cache_dtype": "bfloat16"}  # '': the model's
-    kwargs = rollout.sampler_kwargs()
-    assert kwargs["cache_dtype"] == "bfloat16" and kwargs["dtype"] is None
-    for key in ("max_prompt_len", "max_new_tokens", "temperature", "top_k", "top_p"):
-        assert kwargs[key] == getattr(rollout, key)
+    # The rollout section is a SamplingConfig: the sampler takes it as it is, and keeps
+    # the distribution's fields alone.
+    rollout = build("rollout", temperature=0.7, top_k=5, top_p=0.9)
+    assert isinstance(rollout, distributions.SamplingConfig)
+    sampler = sampler_lib.make_sampler(
+        TINY, rollout, max_prompt_len=4, max_new_tokens=4, stop_ids=(1,), pad_id=0
+    )
+    kept = dict(temperature=0.7, top_k=5, top_p=0.9, top_p_candidates=rollout.top_p_candidates)
+    assert sampler.sampling == distributions.SamplingConfig(**kept)
 
-    replay = build("replay", max_age=0, max_reuse=3)
-    buffer = replay.buffer_kwargs()
-    assert buffer["max_age"] is None and buffer["max_reuse"] == 3  # 0: no limit
-    assert "num_shards" not in buffer
-    replay_lib.make_replay_buffer(**buffer)  # the store takes them as they are
+    # The replay section is a ReplayConfig: the store takes it as it is.
+    replay = build("replay", max_age=0, max_reuse=3, capacity=8)
+    assert isinstance(replay, replay_lib.ReplayConfig)
+    buffer = replay_lib.make_replay_buffer(replay, 2)
+    assert (buffer.capacity, buffer.num_shards, buffer.shard_capacity) == (8, 2, 4)
+    assert (buffer.max_age, buffer.max_reuse) == (0, 3)  # 0: no limit
+    assert buffer.bias_size == 8  # positive_bias_size is no config key: 0, the capacity
 
-    loss = build("loss", dual_clip=0.0, asymre_delta_v=-0.3, name="asymre").config()
+    # The loss section is the library's LossConfig itself: the loss takes it as it is.
+    loss = build("loss", dual_clip=0.0, asymre_delta_v=-0.3, name="asymre")
     assert isinstance(loss, objectives.LossConfig)
-    assert loss.dual_clip is None and loss.delta_v == -0.3 and loss.name == "asymre"
-    assert build("loss", dual_clip=3.0).config().dual_clip == 3.0
+    assert loss.dual_clip == 0.0 and loss.asymre_delta_v == -0.3 and loss.name == "asymre"
 
-    optimizer = build("optimizer").config(total_steps=77)
+    optimizer = build("optimizer", total_steps=77)
     assert isinstance(optimizer, train_step_lib.OptimizerConfig) and optimizer.total_steps == 77
     assert optimizer.learning_rate == keys("optimizer")["learning_rate"]
+    # Not keys of the section: the run's total_steps, and Adam's eps at its default.
+    fields = {f.name for f in dataclasses.fields(optimizer)}
+    assert fields - set(keys("optimizer")) == {"total_steps", "eps"}
+    assert optimizer.eps == train_step_lib.OptimizerConfig().eps
 
     warmstart = build("warmstart", cache_dir="/somewhere").config()
     assert isinstance(warmstart, sections.WarmStartConfig)
@@ -177,7 +192,7 @@ def test_a_key_of_a_few_values_takes_each_and_names_them_when_refused(name, key,
 
 def test_loss_names_and_model_inits_are_the_modules_constants():
     for loss in objectives.LOSSES:
-        assert build("loss", name=loss).config().name == loss
+        assert build("loss", name=loss).name == loss
     assert str(objectives.LOSSES) in raises_one_line("loss", name="dpo")
     assert str(sections.INITS) in raises_one_line("model", init="pretrained")
     assert build("model", init="random").init == "random"
@@ -279,9 +294,9 @@ def test_warmstart_accuracies_are_ordered_within_zero_and_one():
 
 
 def test_library_checks_come_back_as_one_line_config_errors():
-    # dual_clip passes the section's own check (>= 0) but not LossConfig's (> 1).
+    # dual_clip: 0 (off) or above 1, named with its full key.
     message = raises_one_line("loss", dual_clip=0.5)
-    assert "dual_clip=0.5 must exceed 1" in message
+    assert message.startswith("loss.dual_clip=0.5: allowed are 0 (off) or a bound c > 1")
     message = raises_one_line("mesh", rules=[["batch", "pipeline"]])
     assert "mesh.rules" in message and str(sharding.MESH_AXES) in message
     message = raises_one_line("mesh", rules=[["sequence", None]])

@@ -2,13 +2,23 @@
 themselves, and back to the same plain dict (the run's config.json)."""
 
 import dataclasses
+import importlib
+import inspect
 import json
 import os
+import pkgutil
 
 import pytest
 
+import replax.config as config_package
+from replax.config import learning, sections
 from replax.config import spec as spec_lib
 from replax.core.config_utils import ConfigError
+from replax.model import transformer as model_lib
+from replax.replay import store as replay_lib
+from replax.rl import objectives
+from replax.rl import train_step as train_step_lib
+from replax.sampling import distributions
 from replax.tools import experiments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,9 +62,10 @@ def test_sections_are_frozen_and_check_themselves():
 
 def test_library_arguments_come_from_the_sections():
     spec = spec_lib.parse(arith())
-    assert spec.loss.config().dual_clip == 3.0
-    assert spec.optimizer_config().total_steps == 1600
-    assert spec.replay.buffer_kwargs()["max_age"] is None  # 0: no limit
+    assert isinstance(spec.loss, objectives.LossConfig) and spec.loss.dual_clip == 3.0
+    assert spec.optimizer.total_steps == spec.total_steps == 1600  # the schedule's length
+    assert dataclasses.replace(spec, total_steps=7).optimizer.total_steps == 7
+    assert spec.replay.max_age == 0  # no limit
     assert spec.rollout.numerics() == {"dtype": None, "cache_dtype": None}
     assert spec.sampler_mesh_shape == (-1, 1, 1)  # empty rollout.mesh_shape: training's
     assert spec.model.config().d_model == 128
@@ -89,3 +100,47 @@ def test_auto_max_period():
     # y <= 8 with R = 16, B = 64 (y = 4 a generation): every 2nd step at most.
     assert spec_lib.auto_max_period(8.0, 16, 64) == 2
     assert spec_lib.auto_max_period(1.0, 16, 64) == 1  # at least every step
+
+
+# The library's config types: a run's sections are these types, or inherit them and add
+# only the run's own keys; none restates their fields.
+LIBRARY_TYPES = (
+    objectives.LossConfig,
+    train_step_lib.OptimizerConfig,
+    replay_lib.ReplayConfig,
+    distributions.SamplingConfig,
+    model_lib.ModelConfig,
+    sections.WarmStartConfig,
+)
+
+
+def config_classes():
+    """Every class defined in a module of replax/config."""
+    for info in pkgutil.iter_modules(config_package.__path__, "replax.config."):
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__:
+                yield cls
+
+
+def restated(cls, library) -> set[str]:
+    """The fields of `library` that `cls` declares itself (not those it inherits)."""
+    own = set(cls.__dict__.get("__annotations__", {}))
+    return own & {f.name for f in dataclasses.fields(library)}
+
+
+def test_no_config_class_restates_five_fields_of_a_library_config_type():
+    classes = list(config_classes())
+    assert learning.ReplaySection in classes and sections.WarmstartSection in classes
+    for cls in classes:
+        for library in LIBRARY_TYPES:
+            if cls is not library:
+                names = restated(cls, library)
+                assert len(names) < 5, f"{cls.__name__} restates {library.__name__}'s {names}"
+    # The check sees a section that writes the loss's fields again, and one that inherits
+    # them adding its own keys passes.
+    copy = dataclasses.make_dataclass(
+        "Copy", [(f.name, f.type) for f in dataclasses.fields(objectives.LossConfig)[:5]]
+    )
+    assert len(restated(copy, objectives.LossConfig)) == 5
+    assert restated(learning.ReplaySection, replay_lib.ReplayConfig) == set()

@@ -243,7 +243,12 @@ def test_generation_and_export_match_transformers(checkpoints, tmp_path, name):
     prompt_ids, prompt_mask = _prompts()
     new = 16
     sampler = sampler_lib.make_sampler(
-        config, max_prompt_len=10, max_new_tokens=new, stop_ids=(EOS,), pad_id=PAD, temperature=0.0
+        config,
+        sampler_lib.SamplingConfig(temperature=0.0),
+        max_prompt_len=10,
+        max_new_tokens=new,
+        stop_ids=(EOS,),
+        pad_id=PAD,
     )
 
     # Greedy: the same tokens, and the behaviour log-probs are transformers' log-softmax.
@@ -495,11 +500,11 @@ def test_export_with_real_tokenizer_generates_like_transformers(qwen_style_dir, 
     assert ids[0][mask[0]].tolist() == hf_ids
     sampler = sampler_lib.make_sampler(
         config,
+        sampler_lib.SamplingConfig(temperature=0.0),
         max_prompt_len=48,
         max_new_tokens=16,
         stop_ids=ours.stop_ids,
         pad_id=ours.pad_id,
-        temperature=0.0,
     )
     out = sampler.generate(params, ids, mask, jax.random.key(0))
     with torch.no_grad():

@@ -126,11 +126,11 @@ def greedy(smollm2, reference, prompts):
     ids, mask = prompts
     sampler = sampler_lib.make_sampler(
         config,
+        sampler_lib.SamplingConfig(temperature=0.0),
         max_prompt_len=ids.shape[1],
         max_new_tokens=NEW_TOKENS,
         stop_ids=tokenizer.stop_ids,
         pad_id=tokenizer.pad_id,
-        temperature=0.0,
     )
     ours = sampler.generate(params, ids, mask, jax.random.key(0))
     with torch.no_grad():
@@ -206,11 +206,11 @@ def test_bfloat16_decoding_against_float32_is_reported(smollm2, greedy, prompts)
     assert params16["embedding"].dtype == jnp.bfloat16
     out = sampler_lib.make_sampler(
         config16,
+        sampler_lib.SamplingConfig(temperature=0.0),
         max_prompt_len=ids.shape[1],
         max_new_tokens=NEW_TOKENS,
         stop_ids=tokenizer.stop_ids,
         pad_id=tokenizer.pad_id,
-        temperature=0.0,
     ).generate(params16, ids, mask, jax.random.key(0))
     a, b = np.asarray(fp32.tokens), np.asarray(out.tokens)
     both = np.asarray(fp32.mask) & np.asarray(out.mask)

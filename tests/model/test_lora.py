@@ -156,7 +156,7 @@ def test_a_runs_lora_init_starts_from_the_base_of_rank_zero(scan):
 
 def test_the_sampler_draws_the_bases_tokens_and_logprobs_at_init():
     params = init(LORA)
-    settings = dict(max_prompt_len=4, max_new_tokens=6, stop_ids=(31,), pad_id=0, temperature=1.0)
+    settings = dict(max_prompt_len=4, max_new_tokens=6, stop_ids=(31,), pad_id=0)
     ids = jnp.asarray([[0, 5, 6, 7], [1, 2, 3, 4]], jnp.int32)
     mask = ids > 0
     key = jax.random.key(3)

@@ -236,11 +236,11 @@ def test_low_mu_plans_on_policy_and_high_mu_replays():
 def test_the_on_policy_path_trains_each_rollout_once_zero_advantage_groups_included():
     """At low mu, the controller and the compiled add-and-sample together: every rollout
     generated (groups of equal rewards too) is in exactly one trained batch."""
-    from replax.replay.store import make_replay_buffer
+    from replax.replay.store import ReplayConfig, make_replay_buffer
 
     r, g, b, prompt_len, new_tokens = 4, 2, 8, 2, 2
     controller = at_mu(0.5, rollouts=r, batch=b)
-    buffer = make_replay_buffer(capacity=64, strategy="positive_bias")
+    buffer = make_replay_buffer(ReplayConfig(capacity=64, strategy="positive_bias"))
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
             buffer, group_size=g, batch_size=b, normalize_std=True, drop_zero_advantage=True

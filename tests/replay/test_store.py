@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from replax.replay.store import make_replay_buffer
+from replax.replay.store import ReplayConfig, make_replay_buffer
 
 EXAMPLE_ITEM = {
     "tokens": jax.ShapeDtypeStruct((2,), jnp.int32),
@@ -57,7 +57,7 @@ def total_variation(indices, expected_probs):
 
 
 def test_fifo_order_wraparound_and_overwrite():
-    buffer = make_replay_buffer(capacity=4)
+    buffer = make_replay_buffer(ReplayConfig(capacity=4))
     add = jax.jit(buffer.add, donate_argnums=0)
     state = add(buffer.init(EXAMPLE_ITEM), make_items([1, 2, 3]), 0)
     np.testing.assert_array_equal(ids_in(state), [1, 2, 3, 0])
@@ -75,7 +75,7 @@ def test_fifo_order_wraparound_and_overwrite():
 
 
 def test_add_more_items_than_capacity_keeps_the_last():
-    buffer = make_replay_buffer(capacity=4)
+    buffer = make_replay_buffer(ReplayConfig(capacity=4))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2]), 0)
     state = buffer.add(state, make_items([10, 11, 12, 13, 14, 15]), 1)
     # Six items from head 2: the last four land at slots 0..3 in FIFO order, head at 0.
@@ -84,7 +84,7 @@ def test_add_more_items_than_capacity_keeps_the_last():
 
 
 def test_keep_mask_compacts_and_advances_head_by_kept():
-    buffer = make_replay_buffer(capacity=6)
+    buffer = make_replay_buffer(ReplayConfig(capacity=6))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2, 3, 4]), 0)
     state = jax.jit(buffer.add)(
         state, make_items([5, 6, 7, 8]), 1, jnp.array([False, True, False, True])
@@ -97,7 +97,7 @@ def test_keep_mask_compacts_and_advances_head_by_kept():
 
 
 def test_sharded_add_splits_items_into_contiguous_chunks():
-    buffer = make_replay_buffer(capacity=8, num_shards=2)
+    buffer = make_replay_buffer(ReplayConfig(capacity=8), 2)
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2, 3, 4]), 0)
     # Shard 0 (slots 0..3) takes items 1, 2; shard 1 (slots 4..7) takes 3, 4.
     np.testing.assert_array_equal(ids_in(state), [1, 2, 0, 0, 3, 4, 0, 0])
@@ -111,9 +111,9 @@ def test_sharded_add_splits_items_into_contiguous_chunks():
 # ---------------------------------------------------------------- strategies
 
 
-def filled_buffer(strategy, capacity=8, **kwargs):
+def filled_buffer(strategy, capacity=8, num_shards=1, **kwargs):
     """Four adds of two items at steps 0..3: ids 1..8 in slots 0..7, step = slot // 2."""
-    buffer = make_replay_buffer(capacity=capacity, strategy=strategy, **kwargs)
+    buffer = make_replay_buffer(ReplayConfig(capacity, strategy, **kwargs), num_shards)
     state = buffer.init(EXAMPLE_ITEM)
     rewards = [1, 0, 0, 1, 0, 0, 1, 0]
     advantages = [0.5, -1.0, 0.0, 2.0, -0.25, 0.0, 1.0, -3.0]
@@ -125,7 +125,7 @@ def filled_buffer(strategy, capacity=8, **kwargs):
 
 
 def test_uniform_draws_uniformly_over_valid_items_only():
-    buffer = make_replay_buffer(capacity=8)
+    buffer = make_replay_buffer(ReplayConfig(capacity=8))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2, 3, 4, 5]), 0)
     indices, probs, info = draw_many(buffer, state, batch_size=8, step=1)
     expected = np.array([0.2] * 5 + [0.0] * 3)
@@ -186,7 +186,7 @@ def test_uniform_no_replacement_gives_distinct_indices_each_included_half_the_ti
 
 
 def test_uniform_no_replacement_with_fewer_valid_items_takes_each_then_repeats():
-    buffer = make_replay_buffer(capacity=8, strategy="uniform_no_replacement")
+    buffer = make_replay_buffer(ReplayConfig(capacity=8, strategy="uniform_no_replacement"))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2, 3]), 0)
     indices, _, _ = draw_many(buffer, state, batch_size=5, step=1, num_draws=50)
     assert indices.max() < 3
@@ -203,6 +203,11 @@ def test_max_age_makes_old_items_ineligible_and_falls_back_when_none_left():
     assert (np.asarray(info.age) <= 1).all()
     indices, _, _ = draw_many(buffer, state, batch_size=4, step=9, num_draws=200)
     assert set(np.unique(indices)) == set(range(8))  # nothing eligible: all valid items
+    # The setting 0 is no limit (as the config key replay.max_age=0): at step 3 a limit of
+    # 0 steps would leave step 3's items alone.
+    buffer, state = filled_buffer("uniform", max_age=0)
+    indices, _, _ = draw_many(buffer, state, batch_size=4, step=3, num_draws=200)
+    assert set(np.unique(indices)) == set(range(8))
 
 
 def test_traced_max_age_overrides_the_static_one_without_recompiling():
@@ -225,7 +230,7 @@ def test_traced_max_age_overrides_the_static_one_without_recompiling():
 
 
 def test_max_reuse_makes_used_items_ineligible():
-    buffer = make_replay_buffer(capacity=4, max_reuse=1)
+    buffer = make_replay_buffer(ReplayConfig(capacity=4, max_reuse=1))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2, 3, 4]), 0)
     sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
     drawn = []
@@ -242,7 +247,7 @@ def test_max_reuse_makes_used_items_ineligible():
 
 
 def test_traced_once_draws_never_drawn_items_each_once_and_off_draws_with_replacement():
-    buffer = make_replay_buffer(capacity=16, strategy="positive_bias")
+    buffer = make_replay_buffer(ReplayConfig(capacity=16, strategy="positive_bias"))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items(range(1, 9)), 0)
     sample = jax.jit(buffer.sample, static_argnums=2)
     state, _, first = sample(state, jax.random.key(0), 4, 0, None, jnp.bool_(True))
@@ -257,7 +262,7 @@ def test_traced_once_draws_never_drawn_items_each_once_and_off_draws_with_replac
 
 
 def test_times_sampled_counts_repeated_draws():
-    buffer = make_replay_buffer(capacity=2)
+    buffer = make_replay_buffer(ReplayConfig(capacity=2))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items([1, 2]), 0)
     state, _, info = buffer.sample(state, jax.random.key(0), 16, 0)
     np.testing.assert_array_equal(state.times_sampled, np.bincount(info.indices, minlength=2))
@@ -273,7 +278,7 @@ def add_and_sample(buffer, state, items, rng, step, batch_size):
 
 def test_sharded_buffer_matches_single_device_and_samples_locally():
     mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
-    buffer = make_replay_buffer(capacity=32, num_shards=8, strategy="priority")
+    buffer = make_replay_buffer(ReplayConfig(capacity=32, strategy="priority"), 8)
     step_fn = jax.jit(functools.partial(add_and_sample, buffer, batch_size=16), donate_argnums=0)
     state = buffer.init(EXAMPLE_ITEM)
     sharding = buffer.state_sharding(state, mesh)
@@ -303,7 +308,7 @@ def test_sharded_buffer_matches_single_device_and_samples_locally():
 
 def test_local_sampling_compiles_without_gathering_the_buffer():
     mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
-    buffer = make_replay_buffer(capacity=32, num_shards=8)
+    buffer = make_replay_buffer(ReplayConfig(capacity=32), 8)
     state = buffer.init(EXAMPLE_ITEM)
     sharding = buffer.state_sharding(state, mesh)
     sample = jax.jit(buffer.sample, static_argnums=2, in_shardings=(sharding, None, None))
@@ -312,7 +317,7 @@ def test_local_sampling_compiles_without_gathering_the_buffer():
 
 
 def test_global_mode_draws_across_shards():
-    buffer = make_replay_buffer(capacity=16, num_shards=4, sample_mode="global")
+    buffer = make_replay_buffer(ReplayConfig(capacity=16, sample_mode="global"), 4)
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items(range(8)), 0)
     indices, _, _ = draw_many(buffer, state, batch_size=4, step=0, num_draws=500)
     # Valid slots are 0, 1 of each shard's four; row 0 draws from all of them.
@@ -357,7 +362,7 @@ def entry_ops_over_slots(hlo: str, capacity: int) -> list[str]:
 
 def test_uniform_add_and_sample_work_in_place_and_independently_of_capacity():
     capacity = 1 << 14
-    buffer = make_replay_buffer(capacity=capacity)
+    buffer = make_replay_buffer(ReplayConfig(capacity=capacity))
     state = buffer.add(buffer.init(EXAMPLE_ITEM), make_items(range(100)), 0)
     add = jax.jit(buffer.add, donate_argnums=0).lower(state, make_items(range(8)), 1)
     sample = jax.jit(buffer.sample, static_argnums=2, donate_argnums=0)
@@ -372,11 +377,11 @@ def test_uniform_add_and_sample_work_in_place_and_independently_of_capacity():
 
 
 def test_bad_arguments_raise_with_names_and_sizes():
-    with pytest.raises(ValueError, match="allowed: uniform, uniform_no_replacement"):
-        make_replay_buffer(capacity=8, strategy="lifo")
+    with pytest.raises(ValueError, match=r"^replay.strategy='lifo': allowed are \('uniform', "):
+        make_replay_buffer(ReplayConfig(capacity=8, strategy="lifo"))
     with pytest.raises(ValueError, match="capacity=10.*num_shards=4"):
-        make_replay_buffer(capacity=10, num_shards=4)
-    buffer = make_replay_buffer(capacity=8, num_shards=2, strategy="uniform_no_replacement")
+        make_replay_buffer(ReplayConfig(capacity=10), 4)
+    buffer = make_replay_buffer(ReplayConfig(capacity=8, strategy="uniform_no_replacement"), 2)
     state = buffer.init(EXAMPLE_ITEM)
     with pytest.raises(ValueError, match="3 items.*num_shards=2"):
         buffer.add(state, make_items([1, 2, 3]), 0)
@@ -395,11 +400,13 @@ def test_bad_arguments_raise_with_names_and_sizes():
     with pytest.raises(ValueError, match="keep has shape"):
         buffer.add(state, make_items([1, 2]), 0, jnp.ones(3, bool))
     with pytest.raises(ValueError, match="items\\['reward'\\]"):
-        make_replay_buffer(capacity=8, strategy="positive_bias").init({"x": jnp.zeros(2)})
+        make_replay_buffer(ReplayConfig(capacity=8, strategy="positive_bias")).init(
+            {"x": jnp.zeros(2)}
+        )
 
 
 def test_jitted_add_and_sample_with_donation_compiles_once():
-    buffer = make_replay_buffer(capacity=8, strategy="recency")
+    buffer = make_replay_buffer(ReplayConfig(capacity=8, strategy="recency"))
     num_traces = 0
 
     def train_step(state, items, rng, step):

@@ -55,7 +55,7 @@ def test_make_rollouts_aligns_completion_logprobs_with_their_tokens():
 def test_add_and_sample_stores_nothing_on_a_step_without_generation():
     rng = np.random.default_rng(1)
     prompt_ids, prompt_mask, completion = _fresh(rng)
-    buffer = replay.make_replay_buffer(capacity=8, strategy="uniform")
+    buffer = replay.make_replay_buffer(replay.ReplayConfig(capacity=8, strategy="uniform"))
     state = buffer.init(rollouts.rollout_spec(7))
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
@@ -82,7 +82,7 @@ def test_add_and_sample_reports_the_fresh_rollouts_entropy():
     """rollout_entropy = minus the mean behaviour log-prob over the completion tokens of
     all fresh rows, stored or not: here 3 tokens of log-probs -0.5, -1.0, -1.5 -> 1.0
     (the 7.0 past each completion's end is no token)."""
-    buffer = replay.make_replay_buffer(capacity=8, strategy="uniform")
+    buffer = replay.make_replay_buffer(replay.ReplayConfig(capacity=8, strategy="uniform"))
     state = buffer.init(rollouts.rollout_spec(4))
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
@@ -166,12 +166,12 @@ def test_generate_and_score_prefills_each_prompt_once_as_repeated_prompts_would(
     for temperature in (0.0, 1.0):
         sampler = sampler_lib.make_sampler(
             config,
+            sampler_lib.SamplingConfig(temperature=temperature),
             max_prompt_len=12,
             max_new_tokens=6,
             stop_ids=tokenizer.stop_ids,
             pad_id=tokenizer.pad_id,
             vocab_size=tokenizer.vocab_size,
-            temperature=temperature,
             mesh=sharding.make_mesh((2, 2, 2)),
         )
         key = jax.random.key(3)

@@ -18,7 +18,7 @@ from orbax.checkpoint.path import atomicity
 from replax.core import sharding
 from replax.core.config_utils import ConfigError
 from replax.model import transformer as model_lib
-from replax.replay.store import make_replay_buffer
+from replax.replay.store import ReplayConfig, make_replay_buffer
 from replax.rl import train_step as train_step_lib
 from replax.run import checkpoint
 from replax.run.metrics import ComputeAccount
@@ -38,7 +38,7 @@ CONFIG = model_lib.ModelConfig(
 MODEL = model_lib.Transformer(CONFIG)
 RULES = sharding.validate_rules(sharding.DEFAULT_RULES)
 OPTIMIZER = train_step_lib.make_optimizer(train_step_lib.OptimizerConfig(learning_rate=1e-2))
-BUFFER = make_replay_buffer(capacity=8, num_shards=4)
+BUFFER = make_replay_buffer(ReplayConfig(capacity=8), 4)
 # Ten prompts "0+0=" ... "9+9=", batched two at a time, shuffled.
 SOURCE = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(10)]
 

@@ -44,11 +44,13 @@ def make(mesh=None, **kwargs):
         max_new_tokens=NEW_TOKENS,
         stop_ids=STOPS,
         pad_id=PAD,
-        logit_bias=((62, 1.5), (63, 1.0)),
         mesh=mesh,
     )
     settings.update(kwargs)
-    return sampler_lib.make_sampler(CONFIG, **settings)
+    names = [f.name for f in dataclasses.fields(sampler_lib.SamplingConfig)]
+    sampling = {k: settings.pop(k) for k in names if k in settings}
+    sampling = sampler_lib.SamplingConfig(logit_bias=((62, 1.5), (63, 1.0)), **sampling)
+    return sampler_lib.make_sampler(CONFIG, sampling, **settings)
 
 
 def alone(sampler, params, ids, mask, rng):

@@ -38,12 +38,18 @@ def prompts():
     return np.where(mask, ids, PAD).astype(np.int32), mask
 
 
+def sampling_of(settings):
+    """The SamplingConfig of a sampler's settings, taken out of them."""
+    names = [f.name for f in dataclasses.fields(sampling.SamplingConfig)]
+    return sampling.SamplingConfig(**{k: settings.pop(k) for k in names if k in settings})
+
+
 def make(**kwargs):
     settings = dict(
         max_prompt_len=PROMPT_LEN, max_new_tokens=NEW_TOKENS, stop_ids=(EOS,), pad_id=PAD
     )
     settings.update(kwargs)
-    return sampler_lib.make_sampler(CONFIG, **settings)
+    return sampler_lib.make_sampler(CONFIG, sampling_of(settings), **settings)
 
 
 @jax.jit
@@ -334,7 +340,8 @@ def make_tp(**kwargs):
     settings = dict(
         max_prompt_len=PROMPT_LEN, max_new_tokens=NEW_TOKENS, stop_ids=(EOS,), pad_id=PAD
     )
-    return sampler_lib.make_sampler(TP_CONFIG, **{**settings, **kwargs})
+    settings = {**settings, **kwargs}
+    return sampler_lib.make_sampler(TP_CONFIG, sampling_of(settings), **settings)
 
 
 def test_tensor_parallel_sampler_mesh_matches_the_training_mesh(fsdp_params):
@@ -395,7 +402,7 @@ def test_bfloat16_sampler_logprobs_are_close_to_float32(fsdp_params):
         ({"stop_ids": ()}, "stop_ids"),
         ({"vocab_size": 65}, "vocab_size"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
-        ({"top_p_candidates": 0}, "top_p_candidates=0: allowed is an integer >= 1"),
+        ({"top_p_candidates": 0}, "top_p_candidates=0: must be an integer >= 1"),
         ({"dtype": "float64"}, "sampler.dtype='float64'"),
         ({"mesh": (1, 1, 8)}, "sampler.mesh"),
     ],

@@ -197,11 +197,11 @@ def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, data, d
     config, params = hf.load_pretrained(str(out), max_len=MAX_PROMPT + 16)
     ours = sampler_lib.make_sampler(
         config,
+        sampler_lib.SamplingConfig(temperature=0.0),
         max_prompt_len=MAX_PROMPT,
         max_new_tokens=12,
         stop_ids=tokenizer.stop_ids,
         pad_id=tokenizer.pad_id,
-        temperature=0.0,
         vocab_size=tokenizer.sample_limit,
     ).generate(params, ids, mask, jax.random.key(0))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
