@@ -67,6 +67,7 @@ def rollout(
     cache_dtype: str = "",
     slots: int = 0,
     refill_every: int = 4,
+    drain_halvings: int = 0,
 ) -> ml_collections.ConfigDict:
     """Rollouts: R = prompts_per_step x group_size fresh completions per step."""
     r = ml_collections.ConfigDict()
@@ -101,6 +102,10 @@ def rollout(
     # sampler, all R rows decoded until the longest one stops.
     r.slots = slots
     r.refill_every = refill_every
+    # Once every queued rollout has a slot, the slots halve up to this many times as the
+    # last rollouts come to fit, so the tail decodes in fewer rows (1.5x the slots' cache
+    # while stepping down; 0: every slot decodes to the end).
+    r.drain_halvings = drain_halvings
     return r
 
 

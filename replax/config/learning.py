@@ -34,12 +34,14 @@ class RolloutSection(distributions.SamplingConfig):
     max_policy_lag: int
     slots: int
     refill_every: int
+    drain_halvings: int
 
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         number("rollout.slots", self.slots, low=0, integer=True)
         number("rollout.refill_every", self.refill_every, low=1, integer=True)
+        number("rollout.drain_halvings", self.drain_halvings, low=0, integer=True)
         one_of("rollout.placement", self.placement, sections.PLACEMENTS)
         number("rollout.num_devices", self.num_devices, low=0, integer=True)
         number("rollout.sync_every", self.sync_every, low=1, integer=True)

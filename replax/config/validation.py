@@ -323,6 +323,12 @@ def validate_rollout_batch(spec, sampler_shape, num_devices: int, processes: int
         slots % split == 0,
         f"rollout.slots={slots} is not divisible by {where}: allowed are multiples of {split}",
     )
+    halvings = spec.rollout.drain_halvings
+    require(
+        not slots or (slots % 2**halvings == 0 and (slots >> halvings) % split == 0),
+        f"rollout.drain_halvings={halvings}: rollout.slots={slots} / 2^{halvings} is not a "
+        f"whole multiple of {where}: allowed are halvings that leave one",
+    )
     require(
         spec.rollout.prompts_per_step % processes == 0,
         f"rollout.prompts_per_step={spec.rollout.prompts_per_step} is not divisible by the "

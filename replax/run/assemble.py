@@ -173,10 +173,9 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         rules=rules,
         **r.numerics(),
     )
-    if r.slots:
-        # The engine stands where the sampler does: same calls, same rollouts as the
-        # static sampler with rollout keys, S slots of cache.
-        sampler = engine_lib.make_engine(sampler, slots=r.slots, refill_every=r.refill_every)
+    if r.slots:  # the engine stands where the sampler does, with its rollouts
+        engine = dict(slots=r.slots, refill_every=r.refill_every, drain_halvings=r.drain_halvings)
+        sampler = engine_lib.make_engine(sampler, **engine)
     return Run(
         spec=spec,
         workdir=workdir,

@@ -49,6 +49,9 @@ BAD_SETTINGS = [
     ({"rollout.slots": 4}, "rollout.slots=4 is not divisible by the 8 data shards"),
     ({"rollout.slots": 8, "rollout.refill_every": 200}, "rollout.refill_every=200 exceeds"),
     ({"rollout.slots": -1}, "rollout.slots=-1"),
+    # 8 slots over 8 data shards cannot halve: 4 slots would not split over them.
+    ({"rollout.slots": 8, "rollout.drain_halvings": 1}, "rollout.drain_halvings=1: rollout.slots"),
+    ({"rollout.drain_halvings": -1}, "rollout.drain_halvings=-1"),
     # R = 2 x 100,000 fresh rollouts a step into N = 32.
     ({"rollout.group_size": 100_000}, "rollout.prompts_per_step x rollout.group_size"),
     ({"rollout.group_size": 1}, "rollout.group_size"),
