@@ -247,8 +247,7 @@ def _check(sampler, slots, refill_every, drain_halvings) -> None:
         )
     if not isinstance(drain_halvings, int | np.integer):
         raise ValueError(f"rollout.drain_halvings={drain_halvings}: allowed is an integer >= 0")
-    shards = sampler.data_shards if sampler.mesh is not None else 1
-    generation.drain_sizes(slots, drain_halvings, shards)
+    generation.drain_sizes(slots, drain_halvings, sampler.data_shards)
 
 
 def make_engine(sampler, *, slots: int, refill_every: int = 4, drain_halvings: int = 0) -> Engine:

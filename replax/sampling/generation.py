@@ -33,17 +33,14 @@ from replax.sampling.slots import (
 def drain_sizes(slots: int, halvings: int, data_shards: int) -> tuple[int, ...]:
     """The slot counts `drain` steps down to: S / 2, S / 4, ... (`halvings` of them), each
     a whole multiple of the data shards, or a ValueError naming what is allowed."""
-    sizes = tuple(slots >> i for i in range(1, halvings + 1))
-    if halvings < 0 or any(
-        size < 1 or size * 2 ** (i + 1) != slots or size % data_shards
-        for i, size in enumerate(sizes)
-    ):
+    # S / 2^H whole and a multiple of the shards makes every size before it one too.
+    if halvings < 0 or slots % 2**halvings or (slots >> halvings) % data_shards:
         raise ValueError(
             f"rollout.drain_halvings={halvings}: allowed is 0 <= drain_halvings with "
             f"rollout.slots={slots} / 2^drain_halvings a whole multiple of the sampler's "
             f"{data_shards} data shards"
         )
-    return sizes
+    return tuple(slots >> i for i in range(1, halvings + 1))
 
 
 def _compact(state: Slots, size: int, settings: Settings) -> Slots:
@@ -51,7 +48,8 @@ def _compact(state: Slots, size: int, settings: Settings) -> Slots:
     keep = jnp.argsort(state.done, stable=True)[:size]
     take = lambda x: jnp.take(x, keep, axis=0)
     cache = jax.tree_util.tree_map(lambda x: _rows(x, keep), state.cache)
-    fields = {f.name: take(getattr(state, f.name)) for f in dataclasses.fields(Slots)[1:]}
+    rows = [f.name for f in dataclasses.fields(Slots) if f.name != "cache"]
+    fields = {name: take(getattr(state, name)) for name in rows}
     return Slots(cache=decode_lib._constrain_cache(cache, settings.model.config), **fields)
 
 

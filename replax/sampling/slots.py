@@ -142,10 +142,11 @@ def empty_slots(settings: Settings, prompt_len: int) -> Slots:
 
 def harvest(state: Slots, table, settings: Settings):
     """Finished slots hand their completion to the output table (tokens [R, N], logprobs
-    [R, N], lengths [R], at the row of their queue entry) and become free."""
+    [R, N], lengths [R], at the row of their queue entry mod R: a stream's table is a
+    ring) and become free."""
     total = table["lengths"].shape[0]
     finished = state.done & (state.rollout >= 0)
-    index = jnp.where(finished, state.rollout, total)  # total: dropped
+    index = jnp.where(finished, state.rollout % total, total)  # total: dropped
     lengths = jnp.minimum(state.step, settings.max_new_tokens)
     table = {
         "tokens": table["tokens"].at[index].set(state.tokens, mode="drop"),

@@ -76,20 +76,10 @@ def _harvest(state, versions, table, version_table, settings):
     rows = table["lengths"].shape[0]
     finished = state.done & (state.rollout >= 0)
     index = jnp.where(finished, state.rollout % rows, rows)  # rows: dropped
-    lengths = jnp.minimum(state.step, settings.max_new_tokens)
-    table = {
-        "tokens": table["tokens"].at[index].set(state.tokens, mode="drop"),
-        "logprobs": table["logprobs"].at[index].set(state.logprobs, mode="drop"),
-        "lengths": table["lengths"].at[index].set(lengths, mode="drop"),
-    }
     version_table = version_table.at[index].set(versions, mode="drop")
     emitted = jnp.where(finished, state.rollout, -1)
-    return (
-        state.replace(rollout=jnp.where(finished, -1, state.rollout)),
-        table,
-        version_table,
-        emitted,
-    )
+    state, table = slots_lib.harvest(state, table, settings)
+    return state, table, version_table, emitted
 
 
 def _chunk(params, head, carry, queue, submitted, version, sampling, num_samples, settings):
