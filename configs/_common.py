@@ -106,6 +106,9 @@ def rollout(
     # last rollouts come to fit, so the tail decodes in fewer rows (1.5x the slots' cache
     # while stepping down; 0: every slot decodes to the end).
     r.drain_halvings = drain_halvings
+    # Disjoint placement through the engine: the slots stay full across generations and a
+    # group goes to the trainer once its G completions are done (docs/placement.md).
+    r.stream = False
     return r
 
 

@@ -35,6 +35,7 @@ class RolloutSection(distributions.SamplingConfig):
     slots: int
     refill_every: int
     drain_halvings: int
+    stream: bool
 
     def __post_init__(self):
         super().__post_init__()

@@ -37,6 +37,7 @@ ADDED_KEYS = {
     "rollout.slots": 0,
     "rollout.refill_every": 4,
     "rollout.drain_halvings": 0,
+    "rollout.stream": False,
     "train.max_steps_per_generation": 1,
     "task.long_prompts": "error",
     "loss.positive_weight": 1.0,

@@ -17,6 +17,7 @@ import numpy as np
 from replax.core import sharding
 from replax.core.config_utils import ConfigError, require
 from replax.model.config import DTYPES
+from replax.rl import placement
 
 
 def validate_spec(spec) -> None:
@@ -114,6 +115,17 @@ def validate_microbatches_with_loss(spec) -> None:
 def validate_placement(spec) -> None:
     """Disjoint placement runs a fixed schedule; its device count means nothing colocated."""
     r = spec.rollout
+    if r.stream:
+        least = placement.stream_minimum_lag(spec.train.max_steps_per_generation, r.sync_every)
+        require(
+            r.placement == "disjoint" and r.slots >= 1,
+            f"rollout.stream=True with rollout.placement={r.placement!r} and rollout.slots="
+            f"{r.slots}: the stream needs rollout.placement='disjoint' and rollout.slots >= 1",
+        )
+        require(
+            r.max_policy_lag >= least,
+            f"rollout.max_policy_lag={r.max_policy_lag} with rollout.stream: allowed is >= {least}",
+        )
     if r.placement == "colocated":
         require(
             r.num_devices == 0,

@@ -58,6 +58,13 @@ class Plan:
         return g if self.started_at(g) < step else None
 
 
+def stream_minimum_lag(steps_per_generation: int, sync_every: int) -> int:
+    """The smallest rollout.max_policy_lag a stream (`rollout.stream`, replax.run.streaming)
+    runs with: the largest lag of a group submitted and completed while one batch fills,
+    which must be kept, or every group could be dropped."""
+    return steps_per_generation + sync_every - 1
+
+
 def split_devices(num_devices: int, devices=None):
     """(trainer devices, sampler devices): the sampler takes the last num_devices. On
     several processes each gives it the last num_devices / processes of its own, and its

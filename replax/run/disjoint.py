@@ -99,6 +99,12 @@ class DisjointRollouts:
             return None, None, 0.0
         return taken
 
+    def policy_lag(self, step: int, fresh) -> dict[str, Any]:
+        """The placement record's lag keys: how many steps behind the policy that
+        generated the rollouts taken at `step` is (one version a generation)."""
+        lag = step - fresh.version if fresh.generated else None
+        return {"policy_lag_mean": lag, "policy_lag_max": lag}
+
     def pending_state(self) -> dict[str, Any] | None:
         """The generation in flight, finished: what a checkpoint stores (loop-state keys
         and host arrays), or None when none is in flight."""
@@ -180,30 +186,32 @@ class DisjointRollouts:
                 return
 
     def _to_trainer(self, fresh: rollouts.Fresh, whole: bool = False) -> rollouts.Fresh:
-        """The rollouts on the trainer's mesh, rows split as the replay store's. On several
-        processes each brings its own block of rows (those it decoded; `whole`: host
-        arrays of every row, a checkpoint's) into its block of the trainer's."""
-        run = self.run
-        if jax.process_count() == 1:
-            put = lambda x: jax.device_put(
-                x, sharding.named(run.mesh, ("batch",) + (None,) * (x.ndim - 1), run.rules)
-            )
-        else:
-            r = run.rollouts_per_step
-            rows = processes.process_rows(self._rows, (r,))
+        return to_trainer(self.run, self._rows, fresh, whole)
 
-            def put(x):
-                x = np.asarray(x)[rows] if whole else np.asarray(x)
-                target = sharding.named(run.mesh, ("batch",) + (None,) * (x.ndim - 1), run.rules)
-                return processes.global_batch(x, target, r)
 
-        return dataclasses.replace(
-            fresh,
-            prompt_ids=put(fresh.prompt_ids),
-            prompt_mask=put(fresh.prompt_mask),
-            completion={k: put(v) for k, v in fresh.completion.items()},
-            rewards=put(fresh.rewards),
-        )
+def put_rows(run: Run, rows, x, whole: bool = False):
+    """Host rows x (this process's block; `whole`: every row, a checkpoint's) as a global
+    array on the trainer's mesh, rows split as the replay store's (`rows`: the trainer's
+    row sharding)."""
+    target = sharding.named(run.mesh, ("batch",) + (None,) * (np.ndim(x) - 1), run.rules)
+    if jax.process_count() == 1:
+        return jax.device_put(x, target)
+    x, r = np.asarray(x), run.rollouts_per_step
+    if whole:
+        x = x[processes.process_rows(rows, (r,))]
+    return processes.global_batch(x, target, r)
+
+
+def to_trainer(run: Run, rows, fresh: rollouts.Fresh, whole: bool = False) -> rollouts.Fresh:
+    """The rollouts on the trainer's mesh (`put_rows`, each array)."""
+    put = lambda x: put_rows(run, rows, x, whole)
+    return dataclasses.replace(
+        fresh,
+        prompt_ids=put(fresh.prompt_ids),
+        prompt_mask=put(fresh.prompt_mask),
+        completion={k: put(v) for k, v in fresh.completion.items()},
+        rewards=put(fresh.rewards),
+    )
 
 
 _ARRAYS = ("prompt_ids", "prompt_mask", "rewards", "lengths")

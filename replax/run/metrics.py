@@ -39,6 +39,8 @@ TIMING_KEYS = (
 PLACEMENT_KEYS = (
     "policy_lag_mean",
     "policy_lag_max",
+    "token_lag_mean",
+    "groups_dropped",
     "sampler_busy_frac",
     "trainer_busy_frac",
     "sync_s",

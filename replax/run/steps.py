@@ -77,8 +77,7 @@ def add_sample_and_train(
         key,
         jnp.bool_(fresh.generated),
         jnp.int32(max_age),
-        # Disjoint: the generating policy's step, so that ages count from it.
-        jnp.int32(fresh.version if fresh.generated else step) if fresh.disjoint else None,
+        _version(fresh, step),
         **varies,
     )
     if not trains:  # the same keys as a trained step's record, without values
@@ -93,6 +92,16 @@ def add_sample_and_train(
     train_state, step_metrics = train_step(train_state, batch)
     step_metrics, stats = jax.device_get((step_metrics, stats))
     return replay_state, train_state, step_metrics, stats
+
+
+def _version(fresh: StepRollouts, step):
+    """Disjoint: the generating policy's step, so that ages count from it (the stream: per
+    row, on the trainer's mesh, on every step); colocated: None (the step itself)."""
+    if not fresh.disjoint:
+        return None
+    if fresh.version is None:
+        return jnp.int32(step)
+    return fresh.version if np.ndim(fresh.version) else jnp.int32(fresh.version)
 
 
 # The train step's metric names, per compiled train step (traced once, not per step).
@@ -189,15 +198,13 @@ def placement_record(disjoint, loop, step, fresh: StepRollouts, t_start):
     wall = max(time.time() - t_start, 1e-9)
     account = loop.account
     generated = fresh.generated
-    lag = step - fresh.version if generated else None
     # When the generation added now ran, in seconds of the run (none for one finished
     # into a checkpoint before a resume).
     span = disjoint.spans.pop(disjoint.consumed, None) if generated else None
     return {
         "gen_start_s": None if span is None else span[0] - t_start,
         "gen_end_s": None if span is None else span[1] - t_start,
-        "policy_lag_mean": lag,
-        "policy_lag_max": lag,
+        **disjoint.policy_lag(step, fresh),
         "sampler_busy_frac": disjoint.busy_s / wall,
         "trainer_busy_frac": account.train_s / wall,
         "sync_s": disjoint.sync_s,

@@ -43,6 +43,7 @@ from replax.run.assemble import (
     prepare_data,
 )
 from replax.run.disjoint import DisjointRollouts
+from replax.run.streaming import StreamRollouts
 
 
 def train(
@@ -193,7 +194,8 @@ def run_loop(
     t_start = time.time() - loop.wall_s
     disjoint = None
     if c.rollout.placement == "disjoint":  # the sampler on its own devices, in a thread
-        disjoint = DisjointRollouts(run, base_key, c.total_steps)
+        sampler_side = StreamRollouts if c.rollout.stream else DisjointRollouts
+        disjoint = sampler_side(run, base_key, c.total_steps)
         disjoint.resume(loop.step, loop.pending)
         loop.pending = None
     spent = lambda: bool(c.total_rollouts) and account.gen_rollouts >= c.total_rollouts

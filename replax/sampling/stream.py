@@ -328,7 +328,13 @@ class Stream:
         return {
             "queue": None if self._queue is None else to_host(self._queue),
             "carry": None if self._carry is None else to_host(self._carry),
-            "counters": dict(submitted=self._submitted, next=self._next, live=self._live),
+            "counters": dict(
+                submitted=self._submitted,
+                next=self._next,
+                live=self._live,
+                decode_steps=self.decode_steps,
+                useful_row_steps=self.useful_row_steps,
+            ),
             # The chunk in flight's outputs, read by the next `advance` as they would be.
             "pending": None
             if self._pending is None
@@ -357,6 +363,8 @@ class Stream:
             counters["next"],
             counters["live"],
         )
+        self.decode_steps = counters.get("decode_steps", 0)
+        self.useful_row_steps = counters.get("useful_row_steps", 0)
         self._pending = None if state["pending"] is None else tuple(state["pending"])
         self._generations = dict(state["generations"])
         self._done = dict(state["done"])

@@ -52,6 +52,17 @@ BAD_SETTINGS = [
     # 8 slots over 8 data shards cannot halve: 4 slots would not split over them.
     ({"rollout.slots": 8, "rollout.drain_halvings": 1}, "rollout.drain_halvings=1: rollout.slots"),
     ({"rollout.drain_halvings": -1}, "rollout.drain_halvings=-1"),
+    # The stream: disjoint placement through the engine, with room for a batch's lag.
+    ({"rollout.stream": True}, "rollout.stream=True with rollout.placement='colocated'"),
+    (
+        {
+            "rollout.stream": True,
+            "rollout.placement": "disjoint",
+            "rollout.slots": 4,
+            "train.max_steps_per_generation": 2,
+        },
+        "rollout.max_policy_lag=1 with rollout.stream: allowed is >= 2",
+    ),
     # R = 2 x 100,000 fresh rollouts a step into N = 32.
     ({"rollout.group_size": 100_000}, "rollout.prompts_per_step x rollout.group_size"),
     ({"rollout.group_size": 1}, "rollout.group_size"),

@@ -2,6 +2,7 @@
 is told, the step's record, and disjoint placement's lag (the loop itself runs end to end
 in tests/run/test_trainer.py and tests/run/test_disjoint.py)."""
 
+import functools
 import types
 
 import numpy as np
@@ -12,6 +13,7 @@ from replax.model import flops as flops_lib
 from replax.rl import rollouts
 from replax.run import metrics as metrics_lib
 from replax.run import steps
+from replax.run.disjoint import DisjointRollouts
 
 
 def _run():
@@ -104,6 +106,7 @@ def test_disjoint_lag_counts_steps_behind_the_generating_policy():
     disjoint = types.SimpleNamespace(
         spans={5: (10.0, 11.0)}, consumed=5, busy_s=2.0, sync_s=0.1, sync_bytes=64, wait_s=0.3
     )
+    disjoint.policy_lag = functools.partial(DisjointRollouts.policy_lag, disjoint)
     fresh = steps.StepRollouts(None, generated=True, gen_s=1.0, version=7, disjoint=True)
     record = steps.placement_record(disjoint, loop, 9, fresh, t_start=9.0)
     assert record["policy_lag_mean"] == record["policy_lag_max"] == 2
