@@ -69,6 +69,7 @@ class _Accepted:
     truncated: int
     row_steps: int  # the stream's decoded row-steps when it was accepted
     useful: int  # of which produced a token not dropped, then
+    dropped: int  # groups dropped before it
     read_s: float  # when it was read (time.time())
 
 
@@ -237,7 +238,9 @@ class StreamRollouts:
             "policy_lag_mean": float(row_lag / len(all_rewards)),
             "policy_lag_max": int(lag_max),
             "token_lag_mean": float(lag_sum / max(token_count, 1)),
-            "groups_dropped": self._dropped,
+            # As counted when the batch's last group was accepted (the sampler, ahead,
+            # may have dropped more since): the same on every run.
+            "groups_dropped": groups[-1].dropped,
             "useful_row_step_frac": float(useful / max(decoded, 1)),
         }
         self.spans[b] = (groups[0].read_s, groups[-1].read_s)
@@ -263,7 +266,7 @@ class StreamRollouts:
     def _work(self):
         try:
             stream = self.stream
-            while self._accepted < self.batches * self.prompts:
+            while self._accepted < self.batches * self.prompts and not self._closing:
                 version = self.version_for(self._accepted)
                 if version != stream.version:
                     params = self._weights(version)
@@ -350,6 +353,7 @@ class StreamRollouts:
             int(cut.sum()),
             self.stream.decode_steps * self.stream.engine.slots,
             self.stream.useful_row_steps - self._dropped_tokens,
+            self._dropped,
             time.time(),
         )
         with self._cv:
