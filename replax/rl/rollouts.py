@@ -79,6 +79,7 @@ class Fresh:
     # Row-steps decoded for them, all processes' (R x the longest for the static sampler,
     # decode steps x slots for the engine; None: nothing generated): what generation cost.
     decoded_row_steps: int | None = None
+    useful_row_steps: int | None = None  # of those, ones with a kept token (None: lengths')
 
 
 # What a generating step reports of its fresh completions (`completion_stats`).

@@ -94,6 +94,15 @@ def add_sample_and_train(
     return replay_state, train_state, step_metrics, stats
 
 
+def _useful_row_steps(fresh: rollouts.Fresh) -> int:
+    """Decoded row-steps that produced a kept token: the completions' own tokens, unless
+    the sampler counted them itself (a stream's batch holds tokens decoded in the row-steps
+    of earlier batches)."""
+    if fresh.useful_row_steps is not None:
+        return fresh.useful_row_steps
+    return int(fresh.lengths.sum())
+
+
 def _version(fresh: StepRollouts, step):
     """Disjoint: the generating policy's step, so that ages count from it (the stream: per
     row, on the trainer's mesh, on every step); colocated: None (the step itself)."""
@@ -180,7 +189,7 @@ def step_record(
         "gen_tokens_per_s": int(fresh.lengths.sum()) / gen_s if generated and gen_s else None,
         # Decoded row-steps that produced a kept token: what the rollout engine raises.
         "useful_row_step_frac": (
-            int(fresh.lengths.sum()) / fresh.decoded_row_steps
+            _useful_row_steps(fresh) / fresh.decoded_row_steps
             if generated and fresh.decoded_row_steps
             else None
         ),

@@ -41,15 +41,7 @@ from replax.run.assemble import Run
 from replax.sampling import stream as stream_lib
 
 DEPTH = 2  # generations the stream's queue holds
-# The placement record's keys of a stream (useful_row_step_frac: over the row-steps
-# decoded since the last batch was taken, replacing the step record's).
-LAG_KEYS = (
-    "policy_lag_mean",
-    "policy_lag_max",
-    "token_lag_mean",
-    "groups_dropped",
-    "useful_row_step_frac",
-)
+LAG_KEYS = ("policy_lag_mean", "policy_lag_max", "token_lag_mean", "groups_dropped")
 
 
 @dataclasses.dataclass
@@ -241,7 +233,6 @@ class StreamRollouts:
             # As counted when the batch's last group was accepted (the sampler, ahead,
             # may have dropped more since): the same on every run.
             "groups_dropped": groups[-1].dropped,
-            "useful_row_step_frac": float(useful / max(decoded, 1)),
         }
         self.spans[b] = (groups[0].read_s, groups[-1].read_s)
         fresh = rollouts.Fresh(
@@ -256,6 +247,7 @@ class StreamRollouts:
                 all_rewards, all_lengths, int(truncated), self.group_size
             ),
             decoded_row_steps=int(decoded),
+            useful_row_steps=int(useful),
         )
         fresh = disjoint_lib.to_trainer(self.run, self._rows, fresh)
         seconds = self.spans[b][1] - self.spans[b][0]
