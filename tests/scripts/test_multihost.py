@@ -510,3 +510,45 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_rerun_resumes_exactl
     assert "resumed from step 2" in last[0]
     # Every value but timing, exactly.
     assert strip_timing(read(workdir)) == strip_timing(read(str(reference / "run")))
+
+
+def test_a_stream_on_two_processes_resumes_exactly_with_rows_in_flight(tmp_path):
+    """rollout.stream=True on 2 processes x 4 devices: each process streams its own block of
+    every generation through the slots of its 2 sampler devices, and the checkpoint holds
+    every process's stream (gathered into one array; process p restores row p). Killed
+    while writing checkpoint 4, resumed in fresh processes from checkpoint 2, which was
+    taken with rollouts queued: every metric but timing as the uninterrupted run's, and
+    each process scored what it scored there. (Against 1 process the runs differ by
+    design: one stream's slots are shared by both blocks, so the weights each token is
+    sampled under differ.)"""
+    flags = [
+        "--config.rollout.placement=disjoint",
+        "--config.rollout.num_devices=4",
+        "--config.rollout.stream=True",
+        "--config.rollout.slots=4",
+        "--config.rollout.max_policy_lag=2",
+    ]
+    reference = tmp_path / "reference"
+    run_processes(str(reference / "run"), str(reference / "logs"), *flags)
+    records = read(str(reference / "run"))
+    assert all(r["policy_lag_max"] <= 2 for r in records)
+    assert any(r["token_lag_mean"] > 0 for r in records)
+    workdir, logs = str(tmp_path / "run"), str(tmp_path / "logs")
+    run_processes(workdir, logs, *flags, env={"REPLAX_CRASH_AT": "write:4"}, check=False)
+    crashed_logs = str(tmp_path / "crashed_logs")
+    os.rename(logs, crashed_logs)
+    with open(os.path.join(workdir, "checkpoints", "2", "loop_state", "metadata")) as f:
+        pending = json.load(f)["pending"]
+    assert pending["stream"] == 1 and pending["queued"] + pending["decoding"] > 0, pending
+    second = run_processes(workdir, logs, *flags)
+    assert "resumed from step 2" in second[0]
+    assert strip_timing(read(workdir)) == strip_timing(records)
+    # Process p's scoring, in order: the first launch's is a start of the uninterrupted
+    # run's, the resumed launch's its end (what was in flight at checkpoint 2 again).
+    scored = lambda where: {p: train_answers(a) for p, a in logged(where, "reward").items()}
+    whole, first, resumed = scored(str(reference / "logs")), scored(crashed_logs), scored(logs)
+    assert sorted(whole) == sorted(first) == sorted(resumed) == list(range(PROCESSES))
+    for p, answers in whole.items():
+        assert answers[: len(first[p])] == first[p], p
+        assert answers[len(answers) - len(resumed[p]) :] == resumed[p], p
+        assert len(first[p]) + len(resumed[p]) >= len(answers), p
