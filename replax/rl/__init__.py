@@ -2,6 +2,8 @@
 
 - `rollouts`: generate a step's rollouts, score them (the task's reward), group-normalise
   advantages.
+- `scoring`: completions scored on the host (a whole generation or a stream's group) and
+  the statistics a generating step reports of them.
 - `objectives`: the per-token losses (clipped surrogate with the off-policy correction,
   KL, entropy) and the covariance-based entropy controls.
 - `gradients`: the loss and its gradient over microbatches (log-probs chunked).

@@ -11,6 +11,8 @@ with the log-probs of each completion token aligned to the token itself:
   behaviour_logprobs  float32[L]  log-prob of each completion token under the policy
                                   that sampled it (0 on the prompt)
   reward, advantage, baseline  float32[]  frozen at generation (group advantages)
+  token_version       int32[L]    streaming only: the policy version (train step) each
+                                  completion token was sampled under (-1 elsewhere)
 
 `rollout_spec` is that layout as ShapeDtypeStructs, the one definition the replay store,
 the train step's batch and the benchmark are built from.
@@ -25,22 +27,24 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from replax.core import processes, sharding
 from replax.replay import store as replay_lib
-from replax.rl import evaluation, objectives
+from replax.rl import evaluation, objectives, scoring
 
 # Per-rollout fields the sampler adds to a stored rollout when it is drawn for training:
 # the replay strategy's importance weight, its age in steps and how often it was drawn.
 SAMPLE_FIELDS = {"importance_weights": jnp.float32, "age": jnp.int32, "times_sampled": jnp.int32}
 
 
-def rollout_spec(seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """One stored rollout of seq_len = P + T tokens, as ShapeDtypeStructs."""
+def rollout_spec(seq_len: int, token_versions: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+    """One stored rollout of seq_len = P + T tokens, as ShapeDtypeStructs; token_versions:
+    with each token's policy version (a stream's rollouts, whose tokens span versions)."""
     row = lambda dtype: jax.ShapeDtypeStruct((seq_len,), dtype)
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    versions = {"token_version": row(jnp.int32)} if token_versions else {}
     return {
+        **versions,
         "tokens": row(jnp.int32),
         "attention_mask": row(jnp.bool_),
         "loss_mask": row(jnp.float32),
@@ -51,10 +55,12 @@ def rollout_spec(seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
     }
 
 
-def batch_spec(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+def batch_spec(
+    batch_size: int, seq_len: int, token_versions: bool = False
+) -> dict[str, jax.ShapeDtypeStruct]:
     """A training batch: B stored rollouts plus the sampler's fields."""
     rows = {
-        **rollout_spec(seq_len),
+        **rollout_spec(seq_len, token_versions),
         **{k: jax.ShapeDtypeStruct((), t) for k, t in SAMPLE_FIELDS.items()},
     }
     return {k: jax.ShapeDtypeStruct((batch_size, *v.shape), v.dtype) for k, v in rows.items()}
@@ -67,14 +73,15 @@ class Fresh:
 
     prompt_ids: Any  # int32[R, P]
     prompt_mask: Any  # bool[R, P]
-    completion: dict[str, Any]  # tokens int32[R, T], mask bool[R, T], logprobs f32[R, T]
+    # tokens int32[R, T], mask bool[R, T], logprobs f32[R, T]; a stream's versions int32[R, T]
+    completion: dict[str, Any]
     rewards: Any  # float32[R]
     reward_mean: float | None  # over all R; None: nothing generated
     reward_errors: int  # reward functions that raised, on all processes
     lengths: np.ndarray | None  # int[R] completion lengths, all of them; None: nothing generated
-    # The FRESH_KEYS statistics of the completions (each None: nothing generated).
+    # The scoring.FRESH_KEYS statistics of the completions (each None: nothing generated).
     diagnostics: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(FRESH_KEYS)
+        default_factory=lambda: dict.fromkeys(scoring.FRESH_KEYS)
     )
     # Row-steps decoded for them, all processes' (R x the longest for the static sampler,
     # decode steps x slots for the engine; None: nothing generated): what generation cost.
@@ -82,52 +89,12 @@ class Fresh:
     useful_row_steps: int | None = None  # of those, ones with a kept token (None: lengths')
 
 
-# What a generating step reports of its fresh completions (`completion_stats`).
-FRESH_KEYS = (
-    "completion_len_mean",
-    "completion_len_max",
-    "truncated_frac",
-    "reward_std",
-    "zero_spread_groups_frac",
-)
-
-
-def truncated_rows(tokens: np.ndarray, lengths: np.ndarray, stop_ids) -> np.ndarray:
-    """bool[R]: completions (tokens int[R, T], lengths int[R]) cut at T = max_new_tokens.
-    The sampler keeps the first stop token in the completion and pads after it, so a row
-    stopped unless it holds all T tokens and the last of them is no stop token."""
-    last_is_stop = np.isin(tokens[:, -1], np.asarray(stop_ids))
-    return (lengths == tokens.shape[1]) & ~last_is_stop
-
-
-def completion_stats(rewards: np.ndarray, lengths: np.ndarray, truncated: int, group_size: int):
-    """The FRESH_KEYS of R = prompts x G completions: rewards float32[R] and lengths
-    int[R] of all of them, `truncated` of them cut at max_new_tokens. A group whose G
-    rewards are all equal has zero advantage: no signal for the policy."""
-    groups = rewards.reshape(-1, group_size)
-    return {
-        "completion_len_mean": float(lengths.mean()),
-        "completion_len_max": int(lengths.max()),
-        "truncated_frac": truncated / len(lengths),
-        "reward_std": float(rewards.std()),
-        "zero_spread_groups_frac": float(np.mean(np.ptp(groups, axis=1) == 0)),
-    }
-
-
 def _all_processes(rows: jax.sharding.NamedSharding | None, *local):
     """Every process's block of each host array of rows, in block order (the arrays
     themselves with one process)."""
     if rows is None or jax.process_count() == 1:
         return [np.asarray(x) for x in local]
-    return _blocks_in_order(processes.process_block(rows)[0], *local)
-
-
-def _blocks_in_order(block: int, *local):
-    """Every process's rows of each `local` array (this one's the block-th block), in
-    block order; the block order is exchanged once for all of them."""
-    order = np.argsort(multihost_utils.process_allgather(np.int32(block)))
-    gathered = (multihost_utils.process_allgather(np.asarray(x)) for x in local)
-    return [np.concatenate(list(blocks[order])) for blocks in gathered]  # [processes, b, ...]
+    return scoring.blocks_in_order(processes.process_block(rows)[0], *local)
 
 
 def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Fresh:
@@ -212,19 +179,23 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
         engine_row_steps = int(stats.row_steps)
     else:
         out, engine_row_steps = sampler.generate(*args, **kwargs), None
-    answers = np.repeat(prompts["answer"], group_size)
-    texts = prompts.get("prompt_text")
-    texts = None if texts is None else np.repeat(texts, group_size)
     tokens = processes.local_rows(out.tokens)  # [rows of this process, T]
-    rewards, errors = evaluation.score(task, tokenizer, tokens, answers, texts)
-    cut = truncated_rows(tokens, processes.local_rows(out.lengths), sampler.stop_ids)
+    rewards, errors, truncated = scoring.score_completions(
+        task,
+        tokenizer,
+        sampler.stop_ids,
+        prompts,
+        tokens,
+        processes.local_rows(out.lengths),
+        group_size,
+    )
     return Scored(
         np.asarray(prompt_ids),
         np.asarray(prompt_mask),
         out,
         rewards,
-        int(errors),
-        int(cut.sum()),
+        errors,
+        truncated,
         group_size,
         rows,
         table,
@@ -246,7 +217,9 @@ def finish(scored: Scored) -> Fresh:
     if scored.local:
         rewards = scored.rewards
         prompt_ids, prompt_mask = repeat(scored.prompt_ids), repeat(scored.prompt_mask)
-        all_rewards, lengths = _blocks_in_order(scored.block[0], rewards, np.asarray(out.lengths))
+        all_rewards, lengths = scoring.blocks_in_order(
+            scored.block[0], rewards, np.asarray(out.lengths)
+        )
     else:
         r = len(scored.prompt_ids) * g
         rewards = processes.global_batch(scored.rewards, scored.rows, r)
@@ -268,15 +241,17 @@ def finish(scored: Scored) -> Fresh:
         float(all_rewards.mean()),
         int(errors),
         lengths,
-        completion_stats(all_rewards, lengths, int(truncated), g),
+        scoring.completion_stats(all_rewards, lengths, int(truncated), g),
         decoded,
     )
 
 
-def nothing_generated(r: int, prompt_len: int, new_tokens: int, mesh=None, rules=None) -> Fresh:
+def nothing_generated(
+    r: int, prompt_len: int, new_tokens: int, mesh=None, rules=None, token_versions=False
+) -> Fresh:
     """Zeros of a generating step's shapes: what a step without generation feeds
     add_and_sample, which stores none of it (global arrays on a mesh of several
-    processes)."""
+    processes); token_versions: a stream's, with its tokens' versions."""
 
     def zeros(shape, dtype):
         whole = np.zeros(shape, dtype)
@@ -290,6 +265,8 @@ def nothing_generated(r: int, prompt_len: int, new_tokens: int, mesh=None, rules
         "mask": zeros((r, new_tokens), bool),
         "logprobs": zeros((r, new_tokens), np.float32),
     }
+    if token_versions:
+        completion["versions"] = zeros((r, new_tokens), np.int32)
     prompt_ids, prompt_mask = zeros((r, prompt_len), np.int32), zeros((r, prompt_len), bool)
     return Fresh(prompt_ids, prompt_mask, completion, zeros((r,), np.float32), None, 0, None)
 
@@ -300,15 +277,22 @@ def make_rollouts(
     """Stored rollouts of R fresh completions, their advantages frozen.
 
     prompt_ids int32[R, P], prompt_mask bool[R, P]: the prompts, each repeated G times
-    in a row; completion: tokens int32[R, T], mask bool[R, T], logprobs float32[R, T];
-    rewards float32[R]. Returns a dict of the `rollout_spec` fields with leading R.
+    in a row; completion: tokens int32[R, T], mask bool[R, T], logprobs float32[R, T]
+    and, from a stream, versions int32[R, T]; rewards float32[R]. Returns a dict of the
+    `rollout_spec` fields with leading R.
     """
     zeros = jnp.zeros(prompt_ids.shape, jnp.float32)
     completion_mask = completion["mask"]
     advantage, baseline = objectives.group_advantages(
         rewards, group_size, normalize_std=normalize_std
     )
+    versions = {}
+    if "versions" in completion:
+        unset = jnp.full(prompt_ids.shape, -1, jnp.int32)
+        mine = jnp.where(completion_mask, completion["versions"], -1)
+        versions["token_version"] = jnp.concatenate([unset, mine], axis=1)
     return {
+        **versions,
         "tokens": jnp.concatenate([prompt_ids, completion["tokens"]], axis=1),
         "attention_mask": jnp.concatenate([prompt_mask, completion_mask], axis=1),
         "loss_mask": jnp.concatenate([zeros, completion_mask.astype(jnp.float32)], axis=1),
@@ -338,8 +322,11 @@ def make_add_and_sample(
     them, stored or not; meaningless on a step that did not generate). generated (bool[]):
     whether this step generated; a step that did not stores nothing (its inputs are
     placeholders of the same shapes). max_age (int32[]): items older than this many steps
-    are not drawn. version (int32[]; None: step): the train step of the policy that
-    generated the fresh rollouts, stored as their step (their age counts from it).
+    are not drawn. version (int32[], or int32[R] per row; None: step): the train step of
+    the policy that generated the fresh rollouts, stored as their step (their age counts
+    from it). A stream's completion also carries each token's version, which is stored,
+    and stats then has `replay_token_age_mean`: the mean age of the sampled batch's
+    completion tokens, each counted from the version it was sampled under.
     once (bool[]; None: false): auto mode's on-policy step: every fresh rollout stored,
     only never-drawn ones drawn, once each. train (bool[]; None: true): whether the batch
     is trained on (when not, the draw is not counted).
@@ -395,6 +382,10 @@ def make_add_and_sample(
             "rollouts_kept": jnp.sum(keep),
             "rollout_entropy": evaluation.rollout_entropy(completion),
         }
+        if "token_version" in sampled:  # the batch's tokens, each from its own version
+            trained = sampled["loss_mask"] > 0
+            age = jnp.where(trained, step - sampled["token_version"], 0).sum()
+            stats["replay_token_age_mean"] = age / jnp.maximum(trained.sum(), 1)
         return replay_state, batch, stats
 
     return add_and_sample

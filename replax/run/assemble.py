@@ -119,13 +119,13 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     optimizer, seq_len = train_step_lib.make_optimizer(spec.optimizer), spec.seq_len
 
     # The replay store, sharded over the data axes like the batch.
-    item = rollouts.rollout_spec(seq_len)
+    item = rollouts.rollout_spec(seq_len, spec.rollout.stream)
     data_axes = sharding.logical_to_spec(("buffer",), rules)[0]
     replay_shardings = buffer.state_sharding(
         jax.eval_shape(buffer.init, item), mesh, data_axes=data_axes or ()
     )
     batch_sharding = train_step_lib.batch_shardings(
-        mesh, rules, rollouts.batch_spec(spec.train.batch_size, seq_len)
+        mesh, rules, rollouts.batch_spec(spec.train.batch_size, seq_len, spec.rollout.stream)
     )
     state_shardings = train_step_lib.train_state_shardings(
         model, optimizer, mesh, rules, with_reference=spec.loss.kl_coef > 0
@@ -373,7 +373,7 @@ def abstract_states(run: Run):
         run.rules,
         with_reference=run.spec.loss.kl_coef > 0,
     )
-    item = rollouts.rollout_spec(run.seq_len)
+    item = rollouts.rollout_spec(run.seq_len, run.spec.rollout.stream)
     replay_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         jax.eval_shape(lambda: run.buffer.init(item)),
@@ -394,6 +394,6 @@ def init_states(run: Run, params=None):
         with_reference=run.spec.loss.kl_coef > 0,
         params=params,
     )[0]
-    item = rollouts.rollout_spec(run.seq_len)
+    item = rollouts.rollout_spec(run.seq_len, run.spec.rollout.stream)
     replay_state = jax.jit(lambda: run.buffer.init(item), out_shardings=run.replay_shardings)()
     return train_state, replay_state

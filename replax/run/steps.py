@@ -135,6 +135,7 @@ def nothing_generated(run: Run) -> rollouts.Fresh:
         c.rollout.max_new_tokens,
         run.mesh,
         run.rules,
+        token_versions=c.rollout.stream,
     )
 
 

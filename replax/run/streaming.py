@@ -35,7 +35,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from replax.core import processes, sharding
-from replax.rl import evaluation, rollouts, weight_sync
+from replax.rl import rollouts, scoring, weight_sync
 from replax.run import disjoint as disjoint_lib
 from replax.run.assemble import Run
 from replax.sampling import stream as stream_lib
@@ -224,7 +224,7 @@ class StreamRollouts:
         all_rewards, all_lengths = rewards, lengths
         lag_max = lag.max()
         if jax.process_count() > 1:
-            all_rewards, all_lengths = rollouts._blocks_in_order(self._block[0], rewards, lengths)
+            all_rewards, all_lengths = scoring.blocks_in_order(self._block[0], rewards, lengths)
             lag_max = multihost_utils.process_allgather(np.int32(lag_max)).max()
         self._lags = {
             "policy_lag_mean": float(row_lag / len(all_rewards)),
@@ -238,12 +238,12 @@ class StreamRollouts:
         fresh = rollouts.Fresh(
             prompt_ids=cat("prompt_ids"),
             prompt_mask=cat("prompt_mask"),
-            completion={"tokens": cat("tokens"), "mask": cat("mask"), "logprobs": cat("logprobs")},
+            completion={k: cat(k) for k in ("tokens", "mask", "logprobs", "versions")},
             rewards=rewards,
             reward_mean=float(all_rewards.mean()),
             reward_errors=int(errors),
             lengths=all_lengths,
-            diagnostics=rollouts.completion_stats(
+            diagnostics=scoring.completion_stats(
                 all_rewards, all_lengths, int(truncated), self.group_size
             ),
             decoded_row_steps=int(decoded),
@@ -323,13 +323,15 @@ class StreamRollouts:
             self._dropped_tokens += int(np.sum(jax.device_get(group.lengths)))
             return
         host = {k: np.asarray(v) for k, v in jax.device_get(dataclasses.asdict(group)).items()}
-        answers = np.repeat(inputs["answer"][i : i + 1], self.group_size)
-        texts = inputs.get("prompt_text")
-        texts = None if texts is None else np.repeat(texts[i : i + 1], self.group_size)
-        rewards, errors = evaluation.score(
-            self.run.task, self.run.tokenizer, host["tokens"], answers, texts
+        rewards, errors, truncated = scoring.score_completions(
+            self.run.task,
+            self.run.tokenizer,
+            self.run.sampler.stop_ids,
+            {k: v[i : i + 1] for k, v in inputs.items()},
+            host["tokens"],
+            host["lengths"],
+            self.group_size,
         )
-        cut = rollouts.truncated_rows(host["tokens"], host["lengths"], self.run.sampler.stop_ids)
         repeat = lambda x: np.repeat(x[i : i + 1], self.group_size, axis=0)
         accepted = _Accepted(
             repeat(inputs["prompt_ids"]),
@@ -341,8 +343,8 @@ class StreamRollouts:
             host["versions"],
             rewards,
             group.version,
-            int(errors),
-            int(cut.sum()),
+            errors,
+            truncated,
             self.stream.decode_steps * self.stream.engine.slots,
             self.stream.useful_row_steps - self._dropped_tokens,
             self._dropped,

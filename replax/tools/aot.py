@@ -53,6 +53,11 @@ def _fresh_rollouts(run, rows: int) -> tuple:
     }
     rewards = _struct((rows,), jnp.float32, mesh, ("batch",), rules)
     scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=sharding.replicated(mesh))
+    # A stream's rows carry each token's version and their own group's version.
+    stream = ()
+    if c.stream:
+        completion["versions"] = row(c.max_new_tokens, jnp.int32)
+        stream = (_struct((rows,), jnp.int32, mesh, ("batch",), rules),)
     return (
         row(c.max_prompt_len, jnp.int32),
         row(c.max_prompt_len, jnp.bool_),
@@ -62,11 +67,12 @@ def _fresh_rollouts(run, rows: int) -> tuple:
         sharding.abstract_key(mesh),
         scalar(jnp.bool_),
         scalar(jnp.int32),
+        *stream,
     )
 
 
 def _lower_train_step(run, train_state):
-    shapes = rollouts.batch_spec(run.spec.train.batch_size, run.seq_len)
+    shapes = rollouts.batch_spec(run.spec.train.batch_size, run.seq_len, run.spec.rollout.stream)
     shardings = train_step_lib.batch_shardings(run.mesh, run.rules, shapes)
     batch = {
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in shapes.items()

@@ -15,7 +15,7 @@ from replax.replay import auto as auto_replay
 from replax.replay.auto import (
     AutoReplayController,
 )
-from replax.rl import rollouts
+from replax.rl import rollouts, scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -349,7 +349,7 @@ def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_pat
     assert all((r["reward_mean"] is None) == (not r["auto_generate"]) for r in records)
     # Nor completion statistics; the rate and the step's seconds are on every step.
     for r in records:
-        for key in (*rollouts.FRESH_KEYS, "gen_tokens_per_s", "rollout_entropy"):
+        for key in (*scoring.FRESH_KEYS, "gen_tokens_per_s", "rollout_entropy"):
             assert (r[key] is None) == (not r["auto_generate"]), (key, r["step"])
         assert r["learning_rate"] > 0 and r["step_s"] > 0
     keys = ("auto_mu", "auto_alpha", "auto_rho", "auto_kept", "auto_y", "auto_x")

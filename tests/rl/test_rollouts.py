@@ -8,7 +8,7 @@ import numpy as np
 from micro_run import MICRO_OVERRIDES
 
 from replax.replay import store as replay
-from replax.rl import evaluation, rollouts
+from replax.rl import evaluation, rollouts, scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -76,6 +76,52 @@ def test_add_and_sample_stores_nothing_on_a_step_without_generation():
         state, *args, jnp.int32(1), key, jnp.bool_(False), jnp.int32(2**30)
     )
     assert int(stats["rollouts_kept"]) == 0 and int(stats["replay_size"]) == 2
+
+
+def test_a_streams_rollouts_keep_each_tokens_version_and_report_the_batchs_token_age():
+    """A stream's completion carries each token's version: stored aligned with the token
+    (-1 on the prompt and past the completion's end), and the batch drawn reports the mean
+    age of its completion tokens, each from its own version (numpy on the drawn rows)."""
+    rng = np.random.default_rng(2)
+    prompt_ids, prompt_mask, completion = _fresh(rng)
+    versions = np.array([[3, 3, 4, 5], [3, 9, 9, 9], [4, 4, 9, 9], [2, 3, 3, 9]], np.int32)
+    completion = {**completion, "versions": versions}  # 9: past each row's end
+    rewards = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
+    items = rollouts.make_rollouts(
+        prompt_ids, prompt_mask, completion, rewards, group_size=2, normalize_std=False
+    )
+    assert set(items) == set(rollouts.rollout_spec(7, token_versions=True))
+    np.testing.assert_array_equal(items["token_version"][:, :3], -1)
+    np.testing.assert_array_equal(
+        items["token_version"][:, 3:], np.where(completion["mask"], versions, -1)
+    )
+    buffer = replay.make_replay_buffer(replay.ReplayConfig(capacity=8, strategy="uniform"))
+    state = buffer.init(rollouts.rollout_spec(7, token_versions=True))
+    add_and_sample = jax.jit(
+        rollouts.make_add_and_sample(
+            buffer, group_size=2, batch_size=3, normalize_std=True, drop_zero_advantage=True
+        )
+    )
+    step, row_versions = 7, jnp.array([3, 3, 4, 2], jnp.int32)
+    _, batch, stats = add_and_sample(
+        state,
+        prompt_ids,
+        prompt_mask,
+        completion,
+        jnp.asarray(rewards),
+        jnp.int32(step),
+        jax.random.key(0),
+        jnp.bool_(True),
+        jnp.int32(2**30),
+        row_versions,
+    )
+    assert set(batch) == set(rollouts.batch_spec(3, 7, token_versions=True))
+    trained = np.asarray(batch["loss_mask"]) > 0
+    token_age = step - np.asarray(batch["token_version"])[trained]
+    np.testing.assert_allclose(float(stats["replay_token_age_mean"]), token_age.mean())
+    # No token is older than its row (its group's oldest version).
+    row_age = np.broadcast_to(np.asarray(batch["age"])[:, None], trained.shape)[trained]
+    assert (token_age <= row_age).all() and (token_age < row_age).any()
 
 
 def test_add_and_sample_reports_the_fresh_rollouts_entropy():
@@ -196,34 +242,6 @@ def test_generate_and_score_prefills_each_prompt_once_as_repeated_prompts_would(
         assert fresh.diagnostics["completion_len_max"] == np.asarray(repeated.lengths).max()
 
 
-def test_truncated_rows_are_full_length_without_a_stop_token_at_the_end():
-    stop = 1  # rows of T = 3 tokens; 0 pads after the stop token
-    tokens = np.array([[5, 1, 0], [5, 6, 1], [5, 6, 7], [1, 0, 0]])
-    lengths = np.array([2, 3, 3, 1])
-    cut = rollouts.truncated_rows(tokens, lengths, (stop, 2))
-    np.testing.assert_array_equal(cut, [False, False, True, False])
-
-
-def test_completion_stats_by_hand():
-    # Two groups of 4: (1, 1, 0, 0) has spread, (1, 1, 1, 1) none.
-    rewards = np.array([1, 1, 0, 0, 1, 1, 1, 1], np.float32)
-    lengths = np.array([2, 6, 6, 3, 1, 1, 4, 1])
-    stats = rollouts.completion_stats(rewards, lengths, truncated=2, group_size=4)
-    assert stats == {
-        "completion_len_mean": 3.0,
-        "completion_len_max": 6,
-        "truncated_frac": 0.25,
-        "reward_std": float(np.std(rewards)),  # sqrt(0.75 x 0.25) = 0.433
-        "zero_spread_groups_frac": 0.5,
-    }
-    assert abs(stats["reward_std"] - 0.4330127) < 1e-6
-    # G = 2: (1, 0) and (1, 0) have spread, (1, 1) and (0, 0) none.
-    pairs = np.array([1, 0, 1, 1, 0, 0, 1, 0], np.float32)
-    assert rollouts.completion_stats(pairs, lengths, 0, 2)["zero_spread_groups_frac"] == 0.5
-    eights = np.array([0, 1, 0, 1, 0, 1, 0, 1], np.float32)
-    assert rollouts.completion_stats(eights, lengths, 0, 8)["zero_spread_groups_frac"] == 0.0
-
-
 def test_a_step_without_generation_reports_none_for_every_completion_statistic():
     fresh = rollouts.nothing_generated(8, 3, 4)
-    assert fresh.diagnostics == dict.fromkeys(rollouts.FRESH_KEYS)
+    assert fresh.diagnostics == dict.fromkeys(scoring.FRESH_KEYS)

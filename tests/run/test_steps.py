@@ -18,7 +18,7 @@ from replax.run.disjoint import DisjointRollouts
 
 def _run():
     spec = types.SimpleNamespace(
-        rollout=types.SimpleNamespace(max_prompt_len=6, max_new_tokens=10),
+        rollout=types.SimpleNamespace(max_prompt_len=6, max_new_tokens=10, stream=False),
         train=types.SimpleNamespace(batch_size=8),
     )
     return types.SimpleNamespace(

@@ -51,6 +51,13 @@ def test_a_stream_keeps_every_group_within_its_lag_and_stamps_each_token(lag2_ru
     # A token is sampled under its group's version or a newer one: its lag is no larger.
     assert all(0 <= r["token_lag_mean"] <= r["policy_lag_mean"] for r in records)
     assert any(r["token_lag_mean"] < r["policy_lag_mean"] for r in records)
+    # The store keeps each token's version: the batch trained on at every step reports its
+    # tokens' mean age, within its rollouts' ages and below them once versions mix.
+    ages = [
+        (r["replay_token_age_mean"], r["replay_age_mean"], r["replay_age_max"]) for r in records
+    ]
+    assert all(0 <= token <= oldest for token, _, oldest in ages), ages
+    assert any(token < row for token, row, _ in ages), ages
     assert all(0 < r["useful_row_step_frac"] <= 1 for r in records)
 
 

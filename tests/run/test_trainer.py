@@ -10,7 +10,7 @@ import sys
 import pytest
 from micro_run import MICRO, ROOT, USER_PATH, read, run_train, strip_timing
 
-from replax.rl import rollouts
+from replax.rl import scoring
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_train_script_reports_what_the_run_does(full_run):
 
 def test_fresh_statistics_keys_are_reported_on_every_generating_step(full_run):
     records = read(full_run[0])
-    assert all(set(rollouts.FRESH_KEYS) <= set(r) for r in records)
+    assert all(set(scoring.FRESH_KEYS) <= set(r) for r in records)
 
 
 def test_resume_continues_exactly(full_run, tmp_path):
