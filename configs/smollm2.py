@@ -17,9 +17,9 @@ clip 3, no KL; Adam at a constant 1e-5 (configs/_real_models.py's settings other
 No covariance cut (loss.cov_cut_frac = 0, unlike configs/arith.py's replay): on this
 model the cut kept the held-out entropy up but lost accuracy (three seeds: median final
 28.9% against 34.4% without it, pass@8 25.0% against 45.3%; docs/real_model.md). KL-Cov
-(loss.kl_cov_frac = 0.002) kept entropy at level accuracy on two seeds, with mixed pass@8
-(its train step, a whole-batch forward longer when those runs were made, is now within a
-few percent of the plain one: docs/performance.md): one flag away, not the default.
+(loss.kl_cov_frac = 0.002) kept the entropy up but, at three seeds, ended lower (32.8%,
+pass@8 43.8%) and cost more to reach on-policy's final accuracy (1.24x on-policy's against
+replay's 1.14x, its extra pass counted): one flag away, not the default.
 Buffer (replay, default): R = 16 fresh rollouts a step (2 prompts x 8), B = 32 drawn from
 a FIFO ring of N = 128 (y = B/R = 2, x = N/R = 8) with positive-bias sampling; groups
 with equal rewards are not stored. onpolicy: N = B = R = 32, each rollout trained on
