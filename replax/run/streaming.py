@@ -208,7 +208,8 @@ class StreamRollouts:
         rewards, lengths = cat("rewards"), cat("lengths")
         rows = np.repeat([g.version for g in groups], self.group_size).astype(np.int32)
         lag = step - rows
-        tokens = cat("versions")
+        completion = {k: cat(k) for k in ("tokens", "mask", "logprobs", "versions")}
+        tokens = completion["versions"]  # each token's version, -1 past the length
         token_lag = np.where(tokens >= 0, step - tokens, 0).sum(), (tokens >= 0).sum()
         counts = [g.errors for g in groups], [g.truncated for g in groups]
         # The row-steps decoded since the last batch was taken, and those of them that
@@ -238,7 +239,7 @@ class StreamRollouts:
         fresh = rollouts.Fresh(
             prompt_ids=cat("prompt_ids"),
             prompt_mask=cat("prompt_mask"),
-            completion={k: cat(k) for k in ("tokens", "mask", "logprobs", "versions")},
+            completion=completion,
             rewards=rewards,
             reward_mean=float(all_rewards.mean()),
             reward_errors=int(errors),
