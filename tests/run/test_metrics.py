@@ -1,9 +1,12 @@
 """Tests for replax/run/metrics.py: metrics.jsonl and samples.jsonl (one line per record,
 truncated on resume), the TensorBoard mirror and the compute account."""
 
+import importlib.util
 import json
 import os
 import struct
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -314,3 +317,22 @@ def test_log_wandb_without_the_package_is_a_one_line_config_error(monkeypatch):
         sections.LogSection(print_every_s=0.0, wandb=True)
     with pytest.raises(ConfigError, match="log.wandb_mode"):
         sections.LogSection(print_every_s=0.0, wandb_mode="cloud")
+
+
+def test_the_tensorboard_writer_does_not_import_torch(tmp_path):
+    """tensorboardX imports torch whenever it is installed (the test extra installs it, as
+    Colab does): the writer hides it, so a run's start-up does not pay for it, and puts it
+    back, so that `import torch` works afterwards. In a fresh process, since this one may
+    have imported torch already."""
+    assert importlib.util.find_spec("torch") is not None, "the test extra installs torch"
+    code = (
+        "import sys; from replax.run import metrics\n"
+        f"writer = metrics.MetricsWriter({str(tmp_path)!r})\n"
+        "writer.write(1, {'reward_mean': 0.5}); writer.close()\n"
+        "print('torch' in sys.modules, writer._tb is not None)\n"
+        "import torch; print(torch.zeros(2).sum().item())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True", "0.0"]
+    assert read_scalars(str(tmp_path)) == [("train/reward_mean", 1, 0.5)]
