@@ -29,7 +29,9 @@ row-steps); `speedup` (engine over static, rollouts/s), `speedup_vs_whole`;
 batch: identical tokens and masks, log-probs within 1e-6 absolute plus 1e-6 relative; the
 largest differences beside it, and how many rollouts differ between the engine, the
 whole batch and the batches of S rows, which float32 rounding can make differ at a
-token's CDF boundary); `length_spread`; `settings`; `commit`. With
+token's CDF boundary); `matmul_row_count_max_abs_diff` (each of the decoder's matrix
+products at the engine's slot counts against the whole batch's rows: where the CPU's
+kernel sums in another order); `length_spread`; `settings`; `commit`. With
 --stream_generations=N > 0 also `engine_per_generation`, `stream` and
 `stream_same_rollouts`: N generations through the engine one at a time and through the
 stream (scripts/benchmarks/stream.py).
@@ -96,6 +98,40 @@ def static_rows(sampler, params, ids, mask, key, group_size, slots):
     return tokens, logprobs, lengths, row_steps
 
 
+def row_count_differences(config, rows: int, slot_counts) -> dict:
+    """Why log-probs differ with the batch's row count: each of the decoder's matrix
+    products (K x N, one per weight shape) on `rows` random rows, against the same product
+    on its first m rows, for m in slot_counts (the engine's, stepping down). XLA:CPU picks
+    its matrix-multiply kernel by the operands' shapes, and kernels sum a row's K products
+    in different orders: where a row's result differs (max abs difference > 0), the same
+    rollout's log-probs can differ in the last bits between the engine and the whole
+    batch, though no row depends on another."""
+    import jax
+    import numpy as np
+
+    d, heads, kv, hd = config.d_model, config.num_heads, config.num_kv_heads, config.head_dim
+    shapes = {
+        "q": (d, heads * hd),
+        "kv": (d, 2 * kv * hd),
+        "attention out": (heads * hd, d),
+        "mlp in": (d, config.mlp_dim),
+        "mlp out": (config.mlp_dim, d),
+        "head": (d, config.vocab_size),
+    }
+    rng = np.random.default_rng(0)
+    product = jax.jit(lambda a, b: a @ b)
+    result = {}
+    for name, (k, n) in shapes.items():
+        x = rng.normal(size=(rows, k)).astype(np.float32)
+        w = rng.normal(size=(k, n)).astype(np.float32) / np.sqrt(k)
+        whole = np.asarray(product(x, w))
+        result[f"{name} {k}x{n}"] = {
+            str(m): float(np.abs(np.asarray(product(x[:m], w)) - whole[:m]).max())
+            for m in slot_counts
+        }
+    return result
+
+
 def main(argv):
     del argv
     import jax
@@ -112,6 +148,7 @@ def main(argv):
 
     from replax.model import transformer as model_lib
     from replax.sampling import engine as engine_lib
+    from replax.sampling import generation
     from replax.sampling import sampler as sampler_lib
 
     if FLAGS.slots < 1 or FLAGS.refill_every < 1 or FLAGS.prompts < 1 or FLAGS.group_size < 1:
@@ -232,6 +269,11 @@ def main(argv):
         "rollouts_differing_engine_vs_static_whole": differing(engine_tokens, whole_tokens),
         "rollouts_differing_engine_vs_static_blocked": differing(engine_tokens, tokens),
         "rollouts_differing_static_whole_vs_static_blocked": differing(whole_tokens, tokens),
+        "matmul_row_count_max_abs_diff": row_count_differences(
+            config,
+            total,
+            (FLAGS.slots, *generation.drain_sizes(FLAGS.slots, FLAGS.drain_halvings, 1)),
+        ),
         "tokens_kept": int(lengths.sum()),
         "length_spread": {
             **quantiles,
