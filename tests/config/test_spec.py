@@ -56,7 +56,7 @@ def test_sections_are_frozen_and_check_themselves():
         dataclasses.replace(spec.eval, num_samples=-1)
     # A cross-section rule runs when the spec is made from its sections.
     small = dataclasses.replace(spec.replay, capacity=8)
-    with pytest.raises(ConfigError, match="smaller than train.batch_size=64"):
+    with pytest.raises(ConfigError, match="smaller than train.batch_size=32"):
         dataclasses.replace(spec, replay=small)
 
 

@@ -360,8 +360,8 @@ def test_a_jsonl_task_with_a_reward_file_trains_and_counts_reward_errors(tmp_pat
 
 
 # The README's own-prompts command, cut to a policy of 0.1M parameters and 60 steps. R = 8 x 8
-# rollouts a step at lr 3e-4: with 2 x 8 at 1e-4 a few dozen steps leave the held-out
-# accuracy where the warm start left it.
+# rollouts a step, B = 64, at lr 3e-4: with 2 x 8 at 1e-4 a few dozen steps leave the
+# held-out accuracy where the warm start left it.
 README_JSONL_SHRUNK = [
     "--config.model.num_layers=2",
     "--config.model.d_model=64",
@@ -371,6 +371,7 @@ README_JSONL_SHRUNK = [
     "--config.model.mlp_dim=128",
     "--config.warmstart.eval_every=10",
     "--config.rollout.prompts_per_step=8",
+    "--config.train.batch_size=64",
     "--config.optimizer.learning_rate=3e-4",
     "--config.replay.capacity=256",
     "--config.total_steps=60",
