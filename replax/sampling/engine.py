@@ -193,10 +193,9 @@ class Engine:
             # layout is the compiler's choice; lowered alone, a program taking it as an
             # argument would otherwise pin the default layout and transpose on the way in
             # and out (a whole-cache copy each way that the real loop never makes).
-            auto = lambda x: Format(Layout.AUTO, x.sharding)
-            cache = jax.tree_util.tree_map(auto, state.cache)
-            rows = jax.tree_util.tree_map(lambda x: x.sharding, state.replace(cache=None))
-            return rows.replace(cache=cache)
+            # The same for every row array: the donated state comes back in the layouts it
+            # went in with, whatever the compiler picks for them.
+            return jax.tree_util.tree_map(lambda x: Format(Layout.AUTO, x.sharding), state)
 
         def lower_step():
             def step(params, head, state):

@@ -16,7 +16,10 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
+from jax.sharding import PartitionSpec as P
 
+from replax.core import sharding
 from replax.model import layers
 from replax.model import transformer as model_lib
 from replax.model.logprobs import mask_vocab
@@ -53,19 +56,14 @@ def _rows(x, index):
     return jnp.take(x, index, axis=x.ndim - 4)
 
 
-def _where_rows(pick, new, old):
-    """Per row of the batch axis (-4): new where pick[row], else old."""
-    shape = [1] * old.ndim
-    shape[old.ndim - 4] = pick.shape[0]
-    return jnp.where(pick.reshape(shape), new, old)
-
-
 @flax.struct.dataclass
 class Queue:
     """The queued rollouts, their prompts prefilled once: rollout i is sample i % G of
     prompt i // G. Every device holds the tables whole (a slot may take any rollout)."""
 
-    prefix: Any  # per layer {'k', 'v'} [B, KV, P - 1, D] (None when P = 1)
+    # per layer {'k', 'v'} [B, KV, P - 1, D] (or stacked [B, L, KV, P - 1, D]: prompt axis
+    # first, the slot-major order the refill copies in; None when P = 1)
+    prefix: Any
     kv_mask: jax.Array  # bool[B, C] valid cache slots of a slot holding the prompt
     last_tokens: jax.Array  # int32[B] each prompt's last token (fed at step 0)
     last_positions: jax.Array  # int32[B] its position
@@ -109,7 +107,9 @@ def prefill_queue(params, prompt_ids, prompt_mask, rng, first_rollout, num_sampl
             num_samples=1,
             data_shards=settings.data_shards,
         )
-        prefix = jax.tree_util.tree_map(lambda x: layers.constrain(x, (None,) * x.ndim), prefix)
+        prefix = jax.tree_util.tree_map(
+            lambda x: layers.constrain(jnp.moveaxis(x, x.ndim - 4, 0), (None,) * x.ndim), prefix
+        )
     ids = first_rollout + jnp.arange(b * num_samples)
     return Queue(
         prefix=prefix,
@@ -158,27 +158,52 @@ def harvest(state: Slots, table, settings: Settings):
 
 def _copy_admitted(cache, prefix, take, prompt):
     """Each admitted slot's cache (leaves [.., S, KV, C, D], slot axis -4) takes its
-    prompt's prefix (leaves [.., B, KV, P - 1, D]) in its first P - 1 positions, written
+    prompt's prefix (leaves [B, .., KV, P - 1, D]) in its first P - 1 positions, written
     in place one admitted slot at a time: the other slots' caches are not touched (a
     select over every slot would read and write all their prefixes each refill)."""
     order = jnp.argsort(~take, stable=True)  # the admitted slots first
     count = jnp.sum(take, dtype=jnp.int32)
+    # Slot-major while copying, the order the decoder keeps the cache in: layer-major, the
+    # compiler kept a second copy of the whole cache for this loop and converted between
+    # the two at every refill.
+    cache = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, x.ndim - 4, 0), cache)
 
     def put(i, cache):
         slot = order[i]
 
         def one(slot_cache, prompt_cache):
-            axis = slot_cache.ndim - 4
-            rows = jax.lax.dynamic_slice_in_dim(prompt_cache, prompt[slot], 1, axis)
-            start = [0] * slot_cache.ndim
-            start[axis] = slot
+            rows = jax.lax.dynamic_slice_in_dim(prompt_cache, prompt[slot], 1, 0)
+            start = [slot] + [0] * (slot_cache.ndim - 1)
             return jax.lax.dynamic_update_slice(slot_cache, rows.astype(slot_cache.dtype), start)
 
         return jax.tree_util.tree_map(one, cache, prefix)
 
     # A static bound (S) with the slots past `count` skipped keeps the loop countable.
     body = lambda i, cache: jax.lax.cond(i < count, lambda c: put(i, c), lambda c: c, cache)
-    return jax.lax.fori_loop(0, take.shape[0], body, cache)
+    cache = jax.lax.fori_loop(0, take.shape[0], body, cache)
+    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, 0, x.ndim - 4), cache)
+
+
+def _copy_admitted_on_mesh(cache, prefix, take, prompt, settings: Settings):
+    """`_copy_admitted` where the slots are split over data shards: each device copies into
+    its own slots, in place, under `shard_map` (a dynamic slot index on a split axis would
+    make the partitioner gather every slot's cache). The prefix table is whole on every
+    device along its prompt axis, so any slot may take any prompt."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if settings.data_shards == 1 or mesh.empty:
+        return _copy_admitted(cache, prefix, take, prompt)
+    spec = sharding.logical_to_spec(
+        model_lib.cache_axes(settings.model.config), nn.get_logical_axis_rules()
+    )
+    # Whole along the length (if a rule splits it), as the prefix fills its first P - 1.
+    spec = P(*spec[:-2], None, spec[-1])
+    slots, prefix_spec = spec[-4], P(None, *spec[:-4], *spec[-3:])
+    return jax.shard_map(
+        _copy_admitted,
+        mesh=mesh,
+        in_specs=(spec, prefix_spec, P(slots), P(slots)),
+        out_specs=spec,
+    )(cache, prefix, take, prompt)
 
 
 def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
@@ -197,20 +222,8 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     # No lax.cond around this on whether any slot is admitted: a branch that may update
     # the slots' cache made whole copies of it (most refills admit some slot anyway).
     cache = state.cache
-    if queue.prefix is not None and settings.data_shards == 1:
-        cache = _copy_admitted(cache, queue.prefix, take, prompt)
-    elif queue.prefix is not None:
-        # Slots split over the data shards: a dynamic slot index on that axis would make
-        # the partitioner gather every slot's cache, so every slot's prefix is selected.
-        prefix_len = jax.tree_util.tree_leaves(queue.prefix)[0].shape[-2]
-
-        def copy(slot_cache, prompt_cache):
-            head = jax.lax.slice_in_dim(slot_cache, 0, prefix_len, axis=slot_cache.ndim - 2)
-            head = _where_rows(take, _rows(prompt_cache, prompt), head)
-            return jax.lax.dynamic_update_slice(slot_cache, head, [0] * slot_cache.ndim)
-
-        cache = jax.tree_util.tree_map(copy, cache, queue.prefix)
-        cache = decode_lib._constrain_cache(cache, settings.model.config)
+    if queue.prefix is not None:
+        cache = _copy_admitted_on_mesh(cache, queue.prefix, take, prompt, settings)
     pick = lambda new_value, old: jnp.where(
         take.reshape((-1,) + (1,) * (old.ndim - 1)), new_value, old
     )

@@ -113,18 +113,12 @@ def _chunk(params, head, carry, queue, submitted, version, sampling, num_samples
     return (state, versions, table, version_table, next_rollout), emitted, counts
 
 
-def _batch_axis(x) -> int:
-    """The prompts' (or rollouts') axis of a queue leaf: -4 of a cache leaf, else 0."""
-    return x.ndim - 4 if x.ndim >= 4 else 0
-
-
 def _put_generation(queue, new, position):
     """The ring `queue` with generation `new` (a Queue of B prompts) at ring position
     `position` (its prompts at rows position B ..., its rollouts at position R ...)."""
 
-    def put(ring, part):
-        start = [0] * ring.ndim
-        start[_batch_axis(ring)] = position * part.shape[_batch_axis(part)]
+    def put(ring, part):  # every queue leaf has its prompts (or rollouts) on axis 0
+        start = [position * part.shape[0]] + [0] * (ring.ndim - 1)
         return jax.lax.dynamic_update_slice(ring, part.astype(ring.dtype), start)
 
     return jax.tree_util.tree_map(put, queue, new)
@@ -151,10 +145,7 @@ class Stream:
             one = prefill(params, ids, mask, rng, jnp.zeros((), jnp.int32))
 
             def ring(x):
-                axis = _batch_axis(x)
-                shape = list(x.shape)
-                shape[axis] *= self.depth
-                return jnp.zeros(shape, x.dtype)
+                return jnp.zeros((x.shape[0] * self.depth, *x.shape[1:]), x.dtype)
 
             queue = jax.tree_util.tree_map(ring, one)
             rows = self.rollouts * self.depth

@@ -135,9 +135,10 @@ def test_the_engine_equals_the_static_sampler_at_temperature_one(params):
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 2)])
 def test_on_a_mesh_the_rollouts_are_those_alone(params, reference, mesh_shape):
-    """On (2, 2, 2) the slots split over the 4 data shards (a refill selects every slot's
-    prefix); on the tensor-parallel (1, 1, 2) every device holds every slot (a refill
-    writes only the admitted slots' prefixes). Prompts and the prefix table stay whole."""
+    """On (2, 2, 2) the slots split over the 4 data shards (each device refills its own
+    slots under shard_map, the kv heads split over the tensor axis); on the
+    tensor-parallel (1, 1, 2) every device holds every slot. Either way a refill writes
+    only the admitted slots' prefixes. Prompts and the prefix table stay whole."""
     ids, mask = prompts()
     mesh = sharding.make_mesh(mesh_shape, devices=jax.devices()[: np.prod(mesh_shape)])
     engine = engine_lib.make_engine(make(mesh=mesh, **TOP_P), slots=4, refill_every=2)

@@ -52,3 +52,39 @@ def test_a_run_through_the_engine_compiles_its_programs_and_fits(tmp_path):
     )
     assert mu["mu"] == pytest.approx((mu["generation_s"] / 32) / (mu["train_step_s"] / 16))
     assert "modelled from the compiled programs" in proc.stdout
+
+
+# Scanned layers and a cache that dominates the program: 8 layers x 64 slots x 2 kv heads x
+# (512 - 1 + 512) positions x 128 dims, keys and values in bfloat16 = 0.5 GiB.
+LONG_CACHE = [
+    "--config.model.num_layers=8",
+    "--config.model.scan_layers=True",
+    "--config.model.head_dim=128",
+    "--config.model.max_len=2048",
+    "--config.rollout.max_prompt_len=512",
+    "--config.rollout.max_new_tokens=512",
+    "--config.rollout.cache_dtype=bfloat16",
+    "--config.rollout.prompts_per_step=8",
+    "--config.rollout.group_size=8",
+    "--config.rollout.slots=64",
+    "--config.train.batch_size=64",
+    "--config.eval.num_prompts=16",
+    "--config.eval.pass_k_prompts=4",
+]
+
+
+@pytest.mark.parametrize("topology,data_shards", [("v5e:1x1", 1), ("v5e:2x2", 4)])
+def test_the_engine_holds_one_copy_of_the_slots_cache(tmp_path, topology, data_shards):
+    """engine_generate keeps the slots' cache once: the refill copies prompts' prefixes into
+    it in place, in the decoder's order (slot-major), on one chip and with the slots split
+    over data shards (there under shard_map). Refilling layer-major kept a second copy of
+    the cache on one chip and a third for the conversions between the two orders (3.1x
+    the cache in temporaries); selecting every slot's prefix on the split mesh, 2.0x."""
+    out = tmp_path / "engine.json"
+    proc = tpu_compile(
+        f"--topology={topology}", "--programs=engine_generate", f"--out={out}", *LONG_CACHE
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    temp = json.loads(out.read_text())["programs"]["engine_generate"]["temp_bytes"]
+    cache = 8 * (64 // data_shards) * 2 * (511 + 512) * 128 * 2 * 2  # keys and values
+    assert cache <= temp <= 1.5 * cache, (temp / cache, topology)
