@@ -163,9 +163,9 @@ def _copy_admitted(cache, prefix, take, prompt):
     select over every slot would read and write all their prefixes each refill)."""
     order = jnp.argsort(~take, stable=True)  # the admitted slots first
     count = jnp.sum(take, dtype=jnp.int32)
-    # Slot-major while copying, the order the decoder keeps the cache in: layer-major, the
-    # compiler kept a second copy of the whole cache for this loop and converted between
-    # the two at every refill.
+    # Slot-major while copying, the order the TPU compiler lays the decoder's cache out in.
+    # Copied layer-major, the cache was held twice, once in each order, and converted
+    # between them at every refill.
     cache = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, x.ndim - 4, 0), cache)
 
     def put(i, cache):
