@@ -47,10 +47,11 @@ def make(mesh=None, **kwargs):
         mesh=mesh,
     )
     settings.update(kwargs)
+    config = settings.pop("config", CONFIG)
     names = [f.name for f in dataclasses.fields(sampler_lib.SamplingConfig)]
     sampling = {k: settings.pop(k) for k in names if k in settings}
     sampling = sampler_lib.SamplingConfig(logit_bias=((62, 1.5), (63, 1.0)), **sampling)
-    return sampler_lib.make_sampler(CONFIG, sampling, **settings)
+    return sampler_lib.make_sampler(config, sampling, **settings)
 
 
 def alone(sampler, params, ids, mask, rng):
@@ -145,6 +146,24 @@ def test_on_a_mesh_the_rollouts_are_those_alone(params, reference, mesh_shape):
     out = engine.generate(params, ids, mask, jax.random.key(RNG), num_samples=G)
     assert len(out.tokens.sharding.device_set) == np.prod(mesh_shape)
     assert_same(out, reference)
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 2, 2)])
+def test_with_scanned_layers_the_rollouts_are_those_alone(params, reference, mesh_shape):
+    """Layers under nn.scan: every cache leaf is stacked ([L, S, KV, C, D]), the refill
+    copies prefixes slot-major and the prefix table is prompt-major ([B, L, KV, P - 1, D]).
+    The rollouts are still those of the unrolled model generated alone, on one device and
+    with the slots split over 4 data shards."""
+    ids, mask = prompts()
+    mesh = None
+    if mesh_shape is not None:
+        mesh = sharding.make_mesh(mesh_shape, devices=jax.devices()[: np.prod(mesh_shape)])
+    scanned = dataclasses.replace(CONFIG, scan_layers=True)
+    stacked = model_lib.stack_layers(jax.device_get(params), CONFIG.num_layers)
+    engine = engine_lib.make_engine(
+        make(mesh=mesh, config=scanned, **TOP_P), slots=4, refill_every=2
+    )
+    assert_same(engine.generate(stacked, ids, mask, jax.random.key(RNG), num_samples=G), reference)
 
 
 def test_row_blocks_number_the_rollouts_of_a_batch(params):
