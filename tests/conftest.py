@@ -1,6 +1,7 @@
 """Test set-up: 8 simulated CPU devices so that sharding tests run anywhere, and one
 persistent compilation cache for the scripts the tests start."""
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -79,3 +80,19 @@ def numpy_params(model, seed: int, scale: float):
         ).astype(x.dtype),
         shapes,
     )
+
+
+@contextlib.contextmanager
+def count_compilations():
+    """Counts XLA compilations (backend_compile events) inside the block."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

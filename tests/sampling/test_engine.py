@@ -1,13 +1,12 @@
 """The rollout engine: every rollout equals the same rollout generated alone, whatever the
 slots, refill interval, sampling setting or mesh; slots refill; bad settings are refused."""
 
-import contextlib
 import dataclasses
 
 import jax
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, count_compilations
 
 from replax.core import sharding
 from replax.model import transformer as model_lib
@@ -175,21 +174,6 @@ def test_row_blocks_number_the_rollouts_of_a_batch(params):
     whole = engine.generate(params, ids, mask, rng, num_samples=G)
     second = engine.generate(params, ids[2:], mask[2:], rng, num_samples=G, row_block=(1, 2))
     np.testing.assert_array_equal(np.asarray(second.tokens), np.asarray(whole.tokens)[2 * G :])
-
-
-@contextlib.contextmanager
-def count_compilations():
-    events = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def test_a_second_call_compiles_nothing(params):

@@ -1,6 +1,5 @@
 """The sampler against a plain reference: the full forward re-run on prompt + prefix."""
 
-import contextlib
 import dataclasses
 
 import flax.linen as nn
@@ -8,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, count_compilations
 
 from replax.core import sharding
 from replax.model import transformer as model_lib
@@ -73,22 +72,6 @@ def log_softmax(x):
 
 def at(x, tokens):
     return np.take_along_axis(x, tokens[..., None], axis=-1)[..., 0]
-
-
-@contextlib.contextmanager
-def count_compilations():
-    """Counts XLA compilations (backend_compile events) inside the block."""
-    events = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def test_greedy_is_argmax_of_full_forward(params):

@@ -9,8 +9,8 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import TINY
-from test_engine import NEW_TOKENS, PAD, PROMPT_LEN, count_compilations, make
+from conftest import TINY, count_compilations
+from test_engine import NEW_TOKENS, PAD, PROMPT_LEN, make
 
 from replax.core import sharding
 from replax.model import transformer as model_lib
