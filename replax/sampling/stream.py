@@ -318,6 +318,9 @@ class Stream:
         to_host = lambda tree: jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
         return {
             "queue": None if self._queue is None else to_host(self._queue),
+            # The prefix table's order (see `slots.Queue`): states saved before it was
+            # prompt-major have no such key and hold stacked leaves layer-major.
+            "prefix_order": "prompt_major",
             "carry": None if self._carry is None else to_host(self._carry),
             "counters": dict(
                 submitted=self._submitted,
@@ -346,7 +349,14 @@ class Stream:
                 place = jnp.asarray
             else:
                 place = lambda x: jax.device_put(x, sharding.replicated(self.sampler.mesh))
-            self._queue = jax.tree_util.tree_map(place, state["queue"])
+            queue = state["queue"]
+            if state.get("prefix_order") != "prompt_major" and queue.prefix is not None:
+                queue = queue.replace(
+                    prefix=jax.tree_util.tree_map(
+                        lambda x: np.moveaxis(x, x.ndim - 4, 0), queue.prefix
+                    )
+                )
+            self._queue = jax.tree_util.tree_map(place, queue)
             self._carry = jax.tree_util.tree_map(place, state["carry"])
         counters = state["counters"]
         self._submitted, self._next, self._live = (

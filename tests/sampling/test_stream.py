@@ -289,6 +289,40 @@ def test_a_restored_stream_goes_on_exactly_and_compiles_nothing_more(sampler, pa
             np.testing.assert_array_equal(np.asarray(getattr(a, field)), getattr(b, field))
 
 
+def test_a_state_saved_with_a_layer_major_prefix_table_resumes_exactly(params):
+    """Layers under nn.scan: a stream's state saved before the prefix table was stored
+    prompt-major (no `prefix_order`, stacked leaves [L, B, KV, P - 1, D]) is reordered on
+    loading, and the stream goes on as the uninterrupted one does."""
+    scanned = make(config=dataclasses.replace(CONFIG, scan_layers=True), **SAMPLING)
+    stacked = model_lib.stack_layers(jax.device_get(params), CONFIG.num_layers)
+    engine = engine_lib.make_engine(scanned, slots=3, refill_every=2)
+
+    def start():
+        stream = stream_lib.make_stream(engine, prompts=B, num_samples=G, depth=2)
+        stream.set_params(stacked, version=0)
+        submit(stream, 0)
+        submit(stream, 1)
+        stream.advance()
+        return stream
+
+    expected = drain(start())
+    state = start().state_dict()
+    assert state.pop("prefix_order") == "prompt_major"
+    prefix = state["queue"].prefix
+    assert all(x.shape[0] == 2 * B for x in jax.tree_util.tree_leaves(prefix))
+    state["queue"] = state["queue"].replace(
+        prefix=jax.tree_util.tree_map(lambda x: np.moveaxis(x, 0, 1), prefix)
+    )
+    resumed = stream_lib.make_stream(engine, prompts=B, num_samples=G, depth=2)
+    resumed.set_params(stacked, version=state["version"])
+    resumed.load_state_dict(state)
+    got = drain(resumed)
+    assert [(x.generation, x.index) for x in got] == [(x.generation, x.index) for x in expected]
+    for a, b in zip(got, expected, strict=True):
+        for field in ("tokens", "lengths", "logprobs"):
+            np.testing.assert_array_equal(np.asarray(getattr(a, field)), getattr(b, field))
+
+
 @pytest.mark.parametrize(
     "slots, kwargs, match",
     [
