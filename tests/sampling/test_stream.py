@@ -252,6 +252,20 @@ def test_the_stream_never_waits_for_the_slowest_row(sampler, params):
     assert not started_while_slowest_decoded(timeline_of_stream(one_at_a_time))
 
 
+def assert_resumes_as(engine, params, state, expected):
+    """A new stream of `engine` loaded with `state` (weights `params`) gives the groups
+    `expected`, field for field."""
+    resumed = stream_lib.make_stream(engine, prompts=B, num_samples=G, depth=2)
+    resumed.set_params(params, version=state["version"])
+    resumed.load_state_dict(state)
+    got = drain(resumed)
+    assert [(x.generation, x.index) for x in got] == [(x.generation, x.index) for x in expected]
+    for a, b in zip(got, expected, strict=True):
+        assert a.version == b.version
+        for field in ("tokens", "mask", "lengths", "versions", "logprobs"):
+            np.testing.assert_array_equal(np.asarray(getattr(a, field)), getattr(b, field))
+
+
 def test_a_restored_stream_goes_on_exactly_and_compiles_nothing_more(sampler, params, other_params):
     """A stream's state taken with rows in flight (two versions among their tokens),
     loaded into a new stream of the same engine: the groups that follow are those of the
@@ -278,15 +292,7 @@ def test_a_restored_stream_goes_on_exactly_and_compiles_nothing_more(sampler, pa
     interrupted, _ = start()
     assert interrupted.busy and interrupted._live > 0  # rows in flight
     state = interrupted.state_dict()
-    resumed = stream_lib.make_stream(engine, prompts=B, num_samples=G, depth=2)
-    resumed.set_params(other_params, version=state["version"])
-    resumed.load_state_dict(state)
-    got = drain(resumed)
-    assert [(x.generation, x.index) for x in got] == [(x.generation, x.index) for x in expected]
-    for a, b in zip(got, expected, strict=True):
-        assert a.version == b.version
-        for field in ("tokens", "mask", "lengths", "versions", "logprobs"):
-            np.testing.assert_array_equal(np.asarray(getattr(a, field)), getattr(b, field))
+    assert_resumes_as(engine, other_params, state, expected)
 
 
 def test_a_state_saved_with_a_layer_major_prefix_table_resumes_exactly(params):
@@ -313,14 +319,7 @@ def test_a_state_saved_with_a_layer_major_prefix_table_resumes_exactly(params):
     state["queue"] = state["queue"].replace(
         prefix=jax.tree_util.tree_map(lambda x: np.moveaxis(x, 0, 1), prefix)
     )
-    resumed = stream_lib.make_stream(engine, prompts=B, num_samples=G, depth=2)
-    resumed.set_params(stacked, version=state["version"])
-    resumed.load_state_dict(state)
-    got = drain(resumed)
-    assert [(x.generation, x.index) for x in got] == [(x.generation, x.index) for x in expected]
-    for a, b in zip(got, expected, strict=True):
-        for field in ("tokens", "lengths", "logprobs"):
-            np.testing.assert_array_equal(np.asarray(getattr(a, field)), getattr(b, field))
+    assert_resumes_as(engine, stacked, state, expected)
 
 
 @pytest.mark.parametrize(
