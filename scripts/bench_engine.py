@@ -2,7 +2,7 @@ r"""The rollout engine against the static sampler, at long-tailed completion len
 
   python scripts/bench_engine.py --out=engine.json [--repeats=3] [--prompts=32]
       [--group_size=8] [--slots=64] [--refill_every=2] [--drain_halvings=2]
-      [--stream_generations=4]
+      [--stream_generations=4] [--cpu_matmul=eigen]
 
 Both generate the same rollouts (rollout keys: each rollout draws from its own key) of the
 same prompts with the reference model of scripts/bench.py (vocab 512, 4 layers, d_model
@@ -35,6 +35,15 @@ kernel sums in another order); `length_spread`; `settings`; `commit`. With
 --stream_generations=N > 0 also `engine_per_generation`, `stream` and
 `stream_same_rollouts`: N generations through the engine one at a time and through the
 stream (scripts/benchmarks/stream.py).
+
+--cpu_matmul picks XLA:CPU's matrix-multiply kernels. XLA's default hands dots to
+YNNPACK, whose kernels sum a row's products in an order that depends on the row count
+below 56 rows, so a rollout's log-probs change in the last bits where the engine steps
+down to fewer slots. With `eigen` (the default here: `--xla_cpu_experimental_ynn_fusion_type=`,
+no YNNPACK fusions) every product of the reference model gives a row the same bits at 32
+rows or more, and the last-bit differences left are small enough for `same_rollouts`'
+tolerance. Both sides of the comparison run on the same kernels; `settings.cpu_matmul`
+names them.
 """
 
 from __future__ import annotations
@@ -62,7 +71,15 @@ flags.DEFINE_integer(
     "stream_generations", 0, "With N > 0: N generations through the stream against the engine."
 )
 
+flags.DEFINE_enum(
+    "cpu_matmul",
+    "eigen",
+    ["eigen", "ynnpack"],
+    "XLA:CPU's dot kernels: eigen (row-count independent at >= 32 rows) or XLA's default.",
+)
+
 STOP_ID, PAD_ID = 1, 0
+NO_YNNPACK = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 def static_rows(sampler, params, ids, mask, key, group_size, slots):
@@ -134,6 +151,8 @@ def row_count_differences(config, rows: int, slot_counts) -> dict:
 
 def main(argv):
     del argv
+    if FLAGS.cpu_matmul == "eigen":  # read when the backend starts: before jax is imported
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_YNNPACK}".strip()
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -296,6 +315,7 @@ def main(argv):
             "max_new_tokens": NEW_TOKENS,
             "repeats": FLAGS.repeats,
             "backend": jax.default_backend(),
+            "cpu_matmul": FLAGS.cpu_matmul,
             "load_avg_1m": os.getloadavg()[0],
         },
         "commit": commit(),
