@@ -4,9 +4,9 @@
 the policy over prompt + completion, take log-probs of the stored tokens (optionally a
 chunk of positions at a time, `replax.model.logprobs`), apply the off-policy objective
 (`replax.rl.objectives`, per sequence and vmapped), and differentiate, optionally
-accumulating over microbatches. Also here: the gradient of the freshest and stalest
-halves of a batch that auto replay reads, and the norm of an optimizer update taken a
-layer at a time.
+accumulating over microbatches, or taking a half of the batch's part of the whole's
+(`replax.rl.halves`, which auto replay reads). Also here: the norm of an optimizer update
+taken a layer at a time.
 """
 
 from __future__ import annotations
@@ -105,7 +105,10 @@ def make_gradient_fn(
     model's (`lora.combine`) and get no gradient: with LoRA `params` are the adapters and
     `frozen` the base. row_multiple: the rows a slice of the batch must hold (the
     data-parallel shards). The metrics include the passes the step ran (`train_passes`):
-    `forward_passes`, `backward_passes`."""
+    `forward_passes`, `backward_passes`. With `across` (a `halves.Across`, inside the vmap
+    over a batch's halves) `batch` is a half: its gradient is its part of the whole
+    batch's (the loss over the whole's denominator, the covariance option's tokens chosen
+    over the whole) and the metrics are the whole batch's."""
     scale = 1.0 / temperature if temperature > 0 else 1.0
     option = loss_config.covariance_option
     # The loss without the covariance option, whose part a correction adds afterwards.
@@ -164,22 +167,28 @@ def make_gradient_fn(
         reference = reference_logprobs(reference_params, batch)
         return batch_loss(logprobs, entropy, reference, batch, covariance_key)
 
-    def microbatch_loss_fn(params, reference_params, micro, whole_denominator, frozen, config):
+    def microbatch_loss_fn(
+        params, reference_params, micro, whole_denominator, frozen, config, select=None
+    ):
         """The microbatch's loss as its share of the whole batch's, and its per-token
-        log-probs, entropy and reference log-probs (no gradient) for the metrics."""
+        log-probs, entropy and reference log-probs (no gradient) for the metrics. select:
+        log-probs -> the covariance option's tokens, when chosen from this forward's."""
         logprobs, entropy = logprobs_and_entropy(params, micro, frozen)
+        if select is not None:
+            micro = {**micro, "covariance_selected": select(jax.lax.stop_gradient(logprobs))}
         reference = reference_logprobs(reference_params, micro)
         loss, _ = batch_loss(logprobs, entropy, reference, micro, config=config)
         share = _loss_denominator(micro["loss_mask"], loss_config.aggregation) / whole_denominator
         per_token = (jax.lax.stop_gradient(logprobs), jax.lax.stop_gradient(entropy), reference)
         return loss * share, per_token
 
-    def add_covariance_part(grads, params, batch, logprobs, frozen):
+    def add_covariance_part(grads, params, batch, logprobs, frozen, share):
         """(grads + the gradient of the covariance option's part of the whole batch's loss,
         rows): that part (the loss with the option less the loss without it) lies on the
         chosen tokens alone, so a forward and backward of the rows that hold them,
         row_multiple at a time, gives its gradient; rows: how many that ran. Added into
-        grads in place: no second float32 copy of the gradient."""
+        grads in place: no second float32 copy of the gradient. share: batch's loss
+        denominator over the whole batch's (1 unless batch is a half)."""
         selected = batch["covariance_selected"]  # [B, L]
 
         def option_part(logprobs):
@@ -189,7 +198,7 @@ def make_gradient_fn(
 
         # Zero off the chosen tokens already (both losses take the same terms there);
         # the product makes the zeros exact.
-        cotangent = jax.grad(option_part)(logprobs) * selected  # [B, L]
+        cotangent = jax.grad(option_part)(logprobs) * selected * share  # [B, L]
         touched = jnp.any(selected > 0, axis=1)  # [B]
         order = jnp.argsort(~touched, stable=True)  # the touched rows first
         num_slices = -(-jnp.sum(touched) // row_multiple)
@@ -209,9 +218,18 @@ def make_gradient_fn(
         grads = jax.lax.fori_loop(0, num_slices, add_slice, grads)
         return grads, num_slices * row_multiple
 
-    def gradient(params, reference_params, batch, covariance_key=None, frozen=None):
+    def gradient(params, reference_params, batch, covariance_key=None, frozen=None, across=None):
         """(grads, metrics) of the loss of the batch, in num_microbatches slices."""
         rows, length = batch["tokens"].shape
+
+        def selection(logprobs):  # the covariance option's tokens of the batch (its half's)
+            args = (logprobs, batch["advantage"], batch["loss_mask"])
+            if across is None:
+                return objectives.covariance_selection(*args, loss_config, covariance_key)
+            whole = objectives.covariance_selection(
+                *map(across.whole, args), loss_config, covariance_key
+            )
+            return across.own(whole)
 
         def with_passes(metrics, corrected_rows=0.0):
             passes = train_passes(
@@ -229,7 +247,7 @@ def make_gradient_fn(
                 "backward_passes": jnp.asarray(passes.backward, jnp.float32),
             }
 
-        if num_microbatches == 1:
+        if num_microbatches == 1 and across is None:
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
                 params, reference_params, batch, covariance_key, frozen
             )
@@ -243,7 +261,12 @@ def make_gradient_fn(
         def merge(x):  # [M, B / M, ...] -> [B, ...], the rows in their order
             return x.swapaxes(0, 1).reshape(rows, *x.shape[2:])
 
-        whole_denominator = _loss_denominator(batch["loss_mask"], loss_config.aggregation)
+        whole_denominator = _loss_denominator(batch["loss_mask"], loss_config.aggregation, across)
+        share = 1.0
+        if across is not None:
+            share = (
+                _loss_denominator(batch["loss_mask"], loss_config.aggregation) / whole_denominator
+            )
         how = covariance_pass(
             loss_config,
             num_microbatches=m,
@@ -252,6 +275,9 @@ def make_gradient_fn(
             row_multiple=row_multiple,
         )
         micro_config = plain_config if how == "correction" else loss_config
+        # A half in one slice ranks the tokens on its own forward's log-probs (over the
+        # whole batch's): no pass more than the plain step's.
+        select = selection if (across is not None and m == 1 and option is not None) else None
         if how == "forward":
             # The tokens are ranked over the whole batch: its log-probs first, no gradient.
             logprobs = merge(
@@ -262,14 +288,11 @@ def make_gradient_fn(
                     jax.tree.map(split, batch),
                 )
             )  # [B, L]
-            selected = objectives.covariance_selection(
-                logprobs, batch["advantage"], batch["loss_mask"], loss_config, covariance_key
-            )
-            batch = {**batch, "covariance_selected": selected}
+            batch = {**batch, "covariance_selected": selection(logprobs)}
 
         def accumulate(grads, micro):
             micro_grads, per_token = jax.grad(microbatch_loss_fn, has_aux=True)(
-                params, reference_params, micro, whole_denominator, frozen, micro_config
+                params, reference_params, micro, whole_denominator, frozen, micro_config, select
             )
             grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads, micro_grads)
             return grads, per_token
@@ -280,13 +303,17 @@ def make_gradient_fn(
         corrected_rows = 0.0
         if how == "correction":
             # The tokens ranked on the log-probs the microbatches took, then their part.
-            selected = objectives.covariance_selection(
-                logprobs, batch["advantage"], batch["loss_mask"], loss_config, covariance_key
+            batch = {**batch, "covariance_selected": selection(logprobs)}
+            grads, corrected_rows = add_covariance_part(
+                grads, params, batch, logprobs, frozen, share
             )
-            batch = {**batch, "covariance_selected": selected}
-            grads, corrected_rows = add_covariance_part(grads, params, batch, logprobs, frozen)
+        elif select is not None:
+            batch = {**batch, "covariance_selected": selection(logprobs)}
         # Metrics of the whole batch (means, maxima, the ESS), as the single pass has them.
-        _, metrics = batch_loss(logprobs, entropy, reference, batch)
+        per_token = (logprobs, entropy, reference)
+        if across is not None:
+            per_token, batch = jax.tree.map(across.whole, (per_token, batch))
+        _, metrics = batch_loss(*per_token, batch)
         return grads, with_passes(metrics, corrected_rows)
 
     return gradient
@@ -339,46 +366,22 @@ def layerwise_update_norm(optimizer, grads, opt_state, params, *, grad_clip: flo
     return jnp.sqrt(squared)
 
 
-def _loss_denominator(loss_mask, aggregation: str):
+def _loss_denominator(loss_mask, aggregation: str, across=None):
     """What `objectives.policy_loss` divides the summed loss of a batch by: its valid
-    tokens (token_mean) or its sequences with a valid token (sequence_mean), at least 1."""
+    tokens (token_mean) or its sequences with a valid token (sequence_mean), at least 1;
+    with `across` (a half of the batch), the whole batch's."""
     mask = jax.lax.stop_gradient(loss_mask).astype(jnp.float32)  # [B, L]
     if aggregation == "token_mean":
-        return jnp.maximum(mask.sum(), 1.0)
-    return jnp.maximum(jnp.sum(mask.sum(axis=1) > 0), 1).astype(jnp.float32)
+        count = mask.sum()
+    else:
+        count = jnp.sum(mask.sum(axis=1) > 0).astype(jnp.float32)
+    if across is not None:
+        count = across.sum(count)
+    return jnp.maximum(count, 1.0)
 
 
-def half_batch_gradient_stats(grad_fn, params, batch):
-    """Gradient of the batch as the mean of its freshest and stalest halves.
-
-    grad_fn(params, batch) -> (grads, metrics): the gradient (and scalar metrics) of a
-    batch; it is vmapped over the two halves, so the backward cost is that of one batch.
-    batch: dict of arrays with leading axis B (even), including `age` int[B].
-    Returns (grads, metrics, stats): grads the mean of the halves' gradients (equal to the
-    batch gradient for a per-sequence mean loss; for a token mean, each half's tokens are
-    averaged separately); metrics averaged over the halves (`*_max` keys: max); stats the
-    scalars that auto replay estimates its design from (docs/auto_replay.md): cross,
-    noise_fresh, noise_stale, age_fresh, age_stale, prefixed `halves_`).
-    """
-    age = batch["age"]
-    batch_size = age.shape[0]
-    if batch_size % 2:
-        raise ValueError(f"half_batch_gradient_stats: batch size {batch_size} is odd")
-    half = batch_size // 2
-    order = jnp.argsort(age, stable=True)  # freshest first
-    halves = jax.tree.map(lambda x: x[order].reshape(2, half, *x.shape[1:]), batch)
-    grads2, metrics2 = jax.vmap(grad_fn, in_axes=(None, 0))(params, halves)
-    grad_fresh = jax.tree.map(lambda g: g[0], grads2)
-    grad_stale = jax.tree.map(lambda g: g[1], grads2)
-    grads = jax.tree.map(lambda g: 0.5 * (g[0] + g[1]), grads2)
-    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v)) for k, v in metrics2.items()}
-    cross = optax.tree_utils.tree_vdot(grad_fresh, grad_stale)
-    ages = halves["age"].astype(jnp.float32).mean(axis=1)  # [2]
-    stats = {
-        "halves_cross": cross,
-        "halves_noise_fresh": optax.tree_utils.tree_vdot(grad_fresh, grad_fresh) - cross,
-        "halves_noise_stale": optax.tree_utils.tree_vdot(grad_stale, grad_stale) - cross,
-        "halves_age_fresh": ages[0],
-        "halves_age_stale": ages[1],
-    }
-    return grads, metrics, stats
+def loss_share(loss_mask, aggregation: str, across):
+    """A half's share of the whole batch's loss denominator."""
+    return _loss_denominator(loss_mask, aggregation) / _loss_denominator(
+        loss_mask, aggregation, across
+    )

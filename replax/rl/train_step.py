@@ -37,6 +37,7 @@ from replax.core.config_utils import number, one_of, positive
 from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.rl import gradients, objectives
+from replax.rl import halves as halves_lib
 
 SCHEDULES = ("constant", "cosine", "linear")
 STATE_DTYPES = ("float32", "bfloat16")
@@ -254,9 +255,10 @@ def make_train_step(
     taken at the same temperature, so on fresh rollouts pi / mu = 1 exactly.
     vocab_size: the tokenizer's vocabulary when the model's has rows past it (never
     sampled, so excluded here too).
-    half_batch_stats: take the gradient as the mean of the freshest and the stalest half
-    of the batch (one vmapped backward pass) and add their statistics (`halves_*`, see
-    `gradients.half_batch_gradient_stats`) to the metrics; auto replay reads them.
+    half_batch_stats: take the gradient as the sum of the freshest and the stalest half's
+    parts of the batch's (one vmapped backward pass; the same gradient) and add their
+    statistics (`halves_*`, see `halves.half_batch_gradient_stats`) to the metrics; auto
+    replay reads them.
     logits_chunk_size: take the log-probs and entropy (of the policy and of the KL
     reference) this many positions at a time, never holding float32 [B, T, V] logits
     (`logprobs.chunked_token_logprobs_and_entropy`); 0: all positions at once.
@@ -303,13 +305,18 @@ def make_train_step(
         if loss_config.clip_cov_ratio:
             covariance_key = jax.random.fold_in(jax.random.key(0), state.step)
         if half_batch_stats:
-            grad_fn = lambda p, b: gradient(p, reference, b, covariance_key, frozen)
-            grads, metrics, halves = gradients.half_batch_gradient_stats(grad_fn, trainable, batch)
+
+            def grad_fn(params, half, across):
+                grads, metrics = gradient(params, reference, half, covariance_key, frozen, across)
+                share = gradients.loss_share(half["loss_mask"], loss_config.aggregation, across)
+                return grads, metrics, share
+
+            grads, metrics, halves = halves_lib.half_batch_gradient_stats(grad_fn, trainable, batch)
             metrics = {**metrics, **halves}
         else:
             grads, metrics = gradient(trainable, reference, batch, covariance_key, frozen)
-        if num_microbatches > 1:  # accumulated in float32: back to the params' dtype
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trainable)
+        # Accumulated in float32 (microbatches, halves): back to the params' dtype.
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trainable)
         # OPTIMIZER UPDATE, skipped when not finite
         state, update_metrics = _update_if_finite(
             optimizer, state, grads, metrics["loss"], grad_clip=grad_clip, lora_on=lora_on

@@ -265,36 +265,6 @@ def test_a_step_moves_the_parameters_and_consumes_the_old_state(initial_params):
     assert all(jax.tree.leaves(changed)), changed
 
 
-def test_half_batch_gradient_stats_against_numpy():
-    # Loss of a half = mean over its rows of w . x_i: the gradient is the rows' mean.
-    rng = np.random.default_rng(0)
-    features = rng.normal(size=(8, 3)).astype(np.float32)
-    age = np.array([5, 0, 3, 1, 7, 0, 2, 6], np.int32)
-    batch = {"features": jnp.asarray(features), "age": jnp.asarray(age)}
-
-    def grad_fn(w, half):
-        grads = jax.grad(lambda w: jnp.mean(half["features"] @ w))(w)
-        return grads, {"loss_max": jnp.max(half["features"]), "loss": jnp.mean(half["features"])}
-
-    grads, metrics, stats = jax.jit(gradients.half_batch_gradient_stats, static_argnums=0)(
-        grad_fn, jnp.zeros(3), batch
-    )
-    order = np.argsort(age, kind="stable")
-    fresh, stale = features[order[:4]].mean(0), features[order[4:]].mean(0)
-    np.testing.assert_allclose(grads, features.mean(0), rtol=1e-5)
-    np.testing.assert_allclose(stats["halves_cross"], fresh @ stale, rtol=1e-5)
-    np.testing.assert_allclose(
-        stats["halves_noise_fresh"], fresh @ fresh - fresh @ stale, rtol=1e-5
-    )
-    np.testing.assert_allclose(
-        stats["halves_noise_stale"], stale @ stale - fresh @ stale, rtol=1e-5
-    )
-    assert float(stats["halves_age_fresh"]) == pytest.approx(np.mean([0, 0, 1, 2]))
-    assert float(stats["halves_age_stale"]) == pytest.approx(np.mean([3, 5, 6, 7]))
-    assert float(metrics["loss_max"]) == pytest.approx(features.max())
-    assert float(metrics["loss"]) == pytest.approx(features.mean(), rel=1e-5)
-
-
 def test_train_step_with_half_batch_stats_matches_the_plain_step():
     """With a per-sequence mean loss the mean of the halves' gradients is the batch
     gradient, so the flag changes nothing but the extra statistics."""
@@ -500,25 +470,26 @@ def test_microbatches_choose_the_covariance_tokens_over_the_whole_batch(initial_
 
 
 @pytest.mark.parametrize(
-    "mesh_shape, options",
-    [((1, 2, 2), {}), ((1, 1, 2), {"half_batch_stats": True})],
+    "mesh_shape, options, passes",
+    [((1, 2, 2), {}, 1.25), ((1, 1, 2), {"half_batch_stats": True}, 1.125)],
     ids=["two_shards", "halves"],
 )
 def test_microbatches_add_a_few_covariance_tokens_part_afterwards(
-    initial_params, mesh_shape, options
+    initial_params, mesh_shape, options, passes
 ):
     """KL-Cov at 2% acts on one token (of about 44 valid; at most one of the 96 any batch
-    of 8 x 12 holds, or of a half's 48): the microbatches take the loss without it, and a
-    forward and backward of its row adds the option's part, a slice of 2 rows on 2 data
-    shards, or 1 row in each half with half_batch_stats (the halves' loops vmapped): the
-    single pass's step, at a quarter of the batch more in each direction."""
+    of 8 x 12 holds): the microbatches take the loss without it, and a forward and
+    backward of its row adds the option's part, a slice of 2 rows on 2 data shards (a
+    quarter of the batch more in each direction), or with half_batch_stats (the halves'
+    loops vmapped) 1 row in the half that holds the token, none in the other (an eighth
+    more): the single pass's step."""
     loss = objectives.LossConfig(name="ppo", kl_cov_frac=0.02, kl_cov_coef=5.0)
     common = dict(mesh_shape=mesh_shape, loss=loss, params=initial_params)
     expected = run_steps(*build_with(options, **common), seeds=(1, 2))
     got = run_steps(*build_with({"num_microbatches": 2, **options}, **common), seeds=(1, 2))
     assert all(metrics["kl_cov_frac"] > 0 for metrics in expected[1])
     assert_same_steps(got, expected, skip=PASSES)
-    assert all((m["forward_passes"], m["backward_passes"]) == (1.25, 1.25) for m in got[1])
+    assert all((m["forward_passes"], m["backward_passes"]) == (passes, passes) for m in got[1])
 
 
 def test_microbatches_chunks_and_a_reference_together(initial_params):
@@ -529,6 +500,42 @@ def test_microbatches_chunks_and_a_reference_together(initial_params):
     expected = run_steps(*build_with({}, **common), seeds=(3, 4))
     options = {"num_microbatches": 4, "logits_chunk_size": 3}
     assert_same_steps(run_steps(*build_with(options, **common), seeds=(3, 4)), expected)
+
+
+HALVES = objectives.LossConfig(name="ppo", entropy_coef=0.01)
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        HALVES,
+        objectives.LossConfig(name="ppo", cov_cut_frac=0.2),
+        objectives.LossConfig(
+            name="ppo", clip_cov_ratio=0.2, clip_cov_low=0.0, clip_cov_high=100.0
+        ),
+        objectives.LossConfig(name="ppo", kl_cov_frac=0.2, aggregation="sequence_mean"),
+    ],
+    ids=["token_mean", "cov_cut", "clip_cov", "kl_cov"],
+)
+def test_half_batch_stats_give_the_plain_step(initial_params, loss, microbatches):
+    """The halves' parts sum to the batch's gradient: a token mean over the whole batch's
+    tokens (halves of different token counts) and the covariance option's tokens chosen
+    over the whole batch, so the step and its metrics are the plain step's; only the
+    halves_* statistics are added."""
+    options = {"num_microbatches": microbatches} if microbatches > 1 else {}
+    common = dict(mesh_shape=(2, 1, 2), loss=loss, params=initial_params)
+    expected = run_steps(*build_with(options, **common), seeds=(1, 2))
+    params, history = run_steps(
+        *build_with({"half_batch_stats": True, **options}, **common), seeds=(1, 2)
+    )
+    assert all(m["halves_noise_fresh"] + m["halves_noise_stale"] > 0 for m in history)
+    halves_keys = [k for k in history[0] if k.startswith("halves_")]
+    history = [{k: v for k, v in m.items() if k not in halves_keys} for m in history]
+    assert_same_steps((params, history), expected, skip=PASSES)
+    option = loss.covariance_option
+    if option is not None:
+        assert all(m[option] > 0.1 for m in expected[1])
 
 
 def test_microbatches_with_half_batch_stats(initial_params):
