@@ -6,7 +6,8 @@ half of each batch agree (docs/auto_replay.md). The halves are vmapped over one 
 batch's loss: the loss's denominator (its valid tokens or sequences) and the covariance
 option's tokens are the whole batch's, taken across the two halves with collectives
 (`Across`). So the step's gradient, the halves' parts summed, is the plain step's, and
-a run that reads the halves trains as one that does not.
+a run that reads the halves trains as one that does not. (Not with `loss.name='m2po'`,
+whose token mask is taken over each half's tokens.)
 """
 
 from __future__ import annotations
