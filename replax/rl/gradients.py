@@ -294,10 +294,12 @@ def make_gradient_fn(
             micro_grads, per_token = jax.grad(microbatch_loss_fn, has_aux=True)(
                 params, reference_params, micro, whole_denominator, frozen, micro_config, select
             )
-            grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads, micro_grads)
+            grads = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grads, micro_grads)
             return grads, per_token
 
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        # Summed in float32 over several slices; one slice (a half) keeps the params' dtype.
+        total = (lambda p: jnp.float32) if m > 1 else (lambda p: p.dtype)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, total(p)), params)
         grads, per_token = jax.lax.scan(accumulate, zeros, jax.tree.map(split, batch))
         logprobs, entropy, reference = jax.tree.map(merge, per_token)  # [B, L] each
         corrected_rows = 0.0

@@ -315,7 +315,7 @@ def make_train_step(
             metrics = {**metrics, **halves}
         else:
             grads, metrics = gradient(trainable, reference, batch, covariance_key, frozen)
-        # Accumulated in float32 (microbatches, halves): back to the params' dtype.
+        # Accumulated in float32 over microbatches: back to the params' dtype.
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trainable)
         # OPTIMIZER UPDATE, skipped when not finite
         state, update_metrics = _update_if_finite(
