@@ -309,6 +309,8 @@ def make_gradient_fn(
             grads, corrected_rows = add_covariance_part(
                 grads, params, batch, logprobs, frozen, share
             )
+            if across is not None:  # the halves' loops run in step: the longer one's trips
+                corrected_rows = across.max(corrected_rows)
         elif select is not None:
             batch = {**batch, "covariance_selected": selection(logprobs)}
         # Metrics of the whole batch (means, maxima, the ESS), as the single pass has them.

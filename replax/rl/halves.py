@@ -41,6 +41,9 @@ class Across:
     def sum(self, x):
         return jax.lax.psum(x, AXIS)
 
+    def max(self, x):
+        return jax.lax.pmax(x, AXIS)
+
 
 def half_batch_gradient_stats(grad_fn, params, batch):
     """Gradient of the batch as the sum of its freshest and stalest halves' parts.
