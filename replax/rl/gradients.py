@@ -264,9 +264,7 @@ def make_gradient_fn(
         whole_denominator = _loss_denominator(batch["loss_mask"], loss_config.aggregation, across)
         share = 1.0
         if across is not None:
-            share = (
-                _loss_denominator(batch["loss_mask"], loss_config.aggregation) / whole_denominator
-            )
+            share = loss_share(batch["loss_mask"], loss_config.aggregation, across)
         how = covariance_pass(
             loss_config,
             num_microbatches=m,
@@ -298,8 +296,9 @@ def make_gradient_fn(
             return grads, per_token
 
         # Summed in float32 over several slices; one slice (a half) keeps the params' dtype.
-        total = (lambda p: jnp.float32) if m > 1 else (lambda p: p.dtype)
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, total(p)), params)
+        zeros = jax.tree.map(
+            lambda p: jnp.zeros(p.shape, jnp.float32 if m > 1 else p.dtype), params
+        )
         grads, per_token = jax.lax.scan(accumulate, zeros, jax.tree.map(split, batch))
         logprobs, entropy, reference = jax.tree.map(merge, per_token)  # [B, L] each
         corrected_rows = 0.0
