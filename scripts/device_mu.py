@@ -347,4 +347,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    from replax.core.config_utils import parse_flags_or_exit
+
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags_or_exit)

@@ -39,4 +39,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from replax.core.config_utils import parse_flags_or_exit
+
+    app.run(main, flags_parser=parse_flags_or_exit)

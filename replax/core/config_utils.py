@@ -165,6 +165,22 @@ def flag_error_line(error: Exception, argv: Sequence[str] = (), config=None) -> 
     return tail if sep and head.rsplit(".", 1)[-1].endswith(("Error", "Exception")) else line
 
 
+def parse_flags_or_exit(argv: Sequence[str]) -> list[str]:
+    """absl's flag parsing for `app.run(main, flags_parser=...)`, with a bad flag (an
+    enum's unknown value, a malformed number, an unknown flag) reported as this project
+    reports bad input: one line naming the flag and what is allowed, exit 2. absl's own
+    parser prints a usage hint as well and exits 1."""
+    import sys
+
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {flag_error_line(e)}", file=sys.stderr)
+        sys.exit(2)
+
+
 def config_from_argv(argv: Sequence[str], default: str):
     """The config of a command line's --config=FILE[:ARG] (else `default`) as the file
     gives it, without overrides; None when it does not load (its own error is reported)."""

@@ -1,7 +1,10 @@
 """Tests for replax/core/config_utils.py: variants, loading config files by path, the checks
-that name the key, and the one-line reading of flag errors."""
+that name the key, the one-line reading of flag errors, and the scripts' own flags
+refused in one line."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -158,3 +161,25 @@ def test_flatten_gives_each_leaf_its_dotted_key():
         "rollout.sampling.top_p": 0.9,
         "tags": [1],
     }
+
+
+@pytest.mark.parametrize(
+    "script, flag, named",
+    [
+        ("bench_engine.py", "--cpu_matmul=mkl", "<eigen|ynnpack>"),
+        ("device_mu.py", "--shape=huge", "--shape=huge"),
+        ("export.py", "--nosuch=1", "'nosuch'"),
+        ("bench.py", "--repeats=many", "--repeats=many"),
+    ],
+)
+def test_a_bad_script_flag_is_one_line_and_exit_2(script, flag, named):
+    """absl alone would print a usage hint as well and exit 1 (parse_flags_or_exit)."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", script), flag],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and named in lines[0]
