@@ -56,6 +56,17 @@ def _rows(x, index):
     return jnp.take(x, index, axis=x.ndim - 4)
 
 
+def row_major(cache, xp=jnp):
+    """Cache leaves [.., rows, KV, C, D] (layer-major, the decoder's layout) with the row
+    axis (-4) moved first; `xp` is jax.numpy for traced arrays, numpy for saved ones."""
+    return jax.tree_util.tree_map(lambda x: xp.moveaxis(x, x.ndim - 4, 0), cache)
+
+
+def layer_major(cache):
+    """The inverse of `row_major`."""
+    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, 0, x.ndim - 4), cache)
+
+
 @flax.struct.dataclass
 class Queue:
     """The queued rollouts, their prompts prefilled once: rollout i is sample i % G of
@@ -108,7 +119,7 @@ def prefill_queue(params, prompt_ids, prompt_mask, rng, first_rollout, num_sampl
             data_shards=settings.data_shards,
         )
         prefix = jax.tree_util.tree_map(
-            lambda x: layers.constrain(jnp.moveaxis(x, x.ndim - 4, 0), (None,) * x.ndim), prefix
+            lambda x: layers.constrain(x, (None,) * x.ndim), row_major(prefix)
         )
     ids = first_rollout + jnp.arange(b * num_samples)
     return Queue(
@@ -166,7 +177,7 @@ def _copy_admitted(cache, prefix, take, prompt):
     # Slot-major while copying, the order the TPU compiler lays the decoder's cache out in.
     # Copied layer-major, the cache was held twice, once in each order, and converted
     # between them at every refill.
-    cache = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, x.ndim - 4, 0), cache)
+    cache = row_major(cache)
 
     def put(i, cache):
         slot = order[i]
@@ -181,7 +192,7 @@ def _copy_admitted(cache, prefix, take, prompt):
     # A static bound (S) with the slots past `count` skipped keeps the loop countable.
     body = lambda i, cache: jax.lax.cond(i < count, lambda c: put(i, c), lambda c: c, cache)
     cache = jax.lax.fori_loop(0, take.shape[0], body, cache)
-    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, 0, x.ndim - 4), cache)
+    return layer_major(cache)
 
 
 def _copy_admitted_on_mesh(cache, prefix, take, prompt, settings: Settings):

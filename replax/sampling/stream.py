@@ -351,11 +351,7 @@ class Stream:
                 place = lambda x: jax.device_put(x, sharding.replicated(self.sampler.mesh))
             queue = state["queue"]
             if state.get("prefix_order") != "prompt_major" and queue.prefix is not None:
-                queue = queue.replace(
-                    prefix=jax.tree_util.tree_map(
-                        lambda x: np.moveaxis(x, x.ndim - 4, 0), queue.prefix
-                    )
-                )
+                queue = queue.replace(prefix=slots_lib.row_major(queue.prefix, np))
             self._queue = jax.tree_util.tree_map(place, queue)
             self._carry = jax.tree_util.tree_map(place, state["carry"])
         counters = state["counters"]
