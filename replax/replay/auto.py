@@ -11,7 +11,9 @@ exponent alpha and the correlation rho (from the fresh / stale half-batch gradie
 statistics the train step returns) and the kept fraction f of generated rollouts, and
 every `update_every` steps re-plans (x*, y*) with one of `replay_design.DESIGNS`: 'paper'
 (`optimal_design`, the paper's J(x, y) minimised in closed form) or 'long_run'
-(`long_run_design`, y* = sqrt(mu / (1 / f + rho)), the config's default).
+(`long_run_design`, y* = sqrt(mu / (1 / f + rho)), the config's default). Until a window
+has measured staleness (halves of different ages), the horizon is the whole ring, as in
+the fixed design: at y = B / R the run is the fixed design's until then.
 
 docs/auto_replay.md has the derivations of both designs, the estimators and the config
 keys; tests/replay/test_designs.py checks the closed forms.
@@ -332,7 +334,13 @@ class AutoReplayController:
         longest = self.period * self.capacity / (self.kept * r)
         between = max(self.period, 1.0 / self.train_fraction)  # steps between draws
         shortest = max(between + 1, float(self.min_horizon))
-        self.horizon = _clip(x, min(shortest, longest), longest)
+        if self.reg_uu > 0:
+            self.horizon = _clip(x, min(shortest, longest), longest)
+        else:
+            # No staleness measured yet: the prior alpha (> 0) alone would plan the
+            # shortest horizon and part the run from the config's design (which draws
+            # from the whole ring) before anything says stale rollouts are worse.
+            self.horizon = longest
 
     # ---------------------------------------------------------------- reporting
 

@@ -179,6 +179,36 @@ def test_generation_credit_realises_the_period_and_the_horizon_bounds():
     assert controller.period == 1.0 and controller.horizon == 2.0 and controller.max_age() == 1
 
 
+def test_the_horizon_is_the_whole_ring_until_staleness_is_measured():
+    """The prior alpha (0.25 > 0) plans the shortest horizon; until a window with fresh
+    and stale halves of different ages gives a regression point, the controller draws from
+    the whole ring as the config's fixed design does, then shortens it as measured."""
+    controller = AutoReplayController(
+        rollouts_per_generation=32,
+        batch_size=64,
+        capacity=1024,
+        mu_override=6.0,
+        update_every=5,
+        design="long_run",
+    )
+    ring = 1024 // 32
+    assert controller.metrics()["auto_x_opt"] == 1.0  # what the prior would plan
+    # A ring's generation lives `period` steps: the whole ring is period N / R steps old.
+    assert controller.horizon == pytest.approx(controller.period * ring)
+    rng = np.random.default_rng(0)
+    one_age = dict(alpha=0.0, signal=0.005, age_fresh=3, age_stale=3)
+    for _ in range(10):  # halves of one age: no information on alpha
+        controller.observe(stats=synthetic_stats(rng, **one_age))
+    assert controller.reg_uu == 0 and controller.horizon == pytest.approx(controller.period * ring)
+    for _ in range(5):
+        controller.observe(stats=synthetic_stats(rng, alpha=0.4, signal=0.005))
+    # The shortest horizon: one period (y* = 2.34, a generation every 1.17 steps) + 1.
+    assert controller.alpha > 0 and controller.horizon == pytest.approx(controller.period + 1)
+    assert controller.max_age() == 2
+    restored = AutoReplayController.from_state_dict(json.loads(json.dumps(controller.state_dict())))
+    assert restored.max_age() == 2
+
+
 def at_mu(mu, min_y=1.0, rollouts=16, batch=64):
     """A long-run controller planning for mu with rho 0.01, alpha < 0 and kept 0.65 (the
     embedded task's estimates), B / R = 4, y at most 8."""
@@ -415,3 +445,41 @@ def test_trainer_at_low_mu_runs_on_policy(tmp_path):
             assert r["replay_reuse_mean"] == 0.0 and r["replay_age_max"] <= 1
         else:
             assert r["loss"] is None and r["train_rollouts"] == 8 * (r["step"] - 1)
+
+
+def test_at_the_floor_and_before_estimates_auto_is_the_fixed_design(tmp_path):
+    """replay.auto_min_y = 0 at low mu keeps y at B / R, and until its first estimates
+    the controller draws from the whole ring: the run is the fixed design's, step for step
+    (the train step's half-batch statistics added, the controller's own keys aside)."""
+    from replax.run import metrics as metrics_lib
+    from replax.run import trainer
+    from replax.tools import experiments
+
+    def run(name, **overrides):
+        c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
+        for key, value in {**AUTO_MICRO, **overrides}.items():
+            experiments.set_value(c, key, value)
+        c.task.data_dir = str(tmp_path / "data")
+        os.makedirs(c.task.data_dir, exist_ok=True)
+        trainer.train(c, str(tmp_path / name), log=lambda _: None)
+        return metrics_lib.read_metrics(str(tmp_path / name))
+
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        short = {"total_steps": 5, "eval.every": 5, "checkpoint_every": 5}
+        low_mu = {"replay.mu": 0.5, "replay.auto_min_y": 0.0, "replay.auto_every": 6}
+        auto = run("auto", **short, **low_mu)
+        fixed = run("fixed", **short, **{"replay.mode": "fixed"})
+    assert len(auto) == 5 and auto[-1]["auto_alpha"] == 0.25  # planned from the priors
+    assert all(r["auto_y"] == 2.0 and r["auto_generate"] and r["auto_train"] for r in auto)
+    ages = [r["replay_age_max"] for r in fixed]
+    assert max(ages) >= 2  # a limit of two generations would have parted the runs
+    skip = (*metrics_lib.TIMING_KEYS, *auto_replay.STAT_KEYS)
+    for a, f in zip(auto, fixed, strict=True):
+        assert set(f) <= set(a)
+        for key, value in f.items():
+            if key in skip or key.startswith("auto_"):
+                continue
+            if isinstance(value, float):
+                assert a[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, a["step"])
+            else:
+                assert a[key] == value, (key, a["step"])
