@@ -7,7 +7,8 @@ a few replay steps, a checkpoint, a resume, and an export. An entropy bonus make
 step move the weights (the random policy's rewards are all 0, so the policy-gradient
 term alone gives none): the export must hold the trained params of the step it names,
 not the initial ones, and transformers must load it and decode it as replax decodes the
-trained params. On 1 device and on the 8-device mesh."""
+trained params. On 4 devices (the config's fsdp mesh over all of them) with 2 microbatches
+of one row a device: the mesh and the microbatch paths in one run."""
 
 import json
 import os
@@ -22,8 +23,9 @@ from checkpoints import write_qwen_style_tokenizer, write_tiny_qwen25
 from micro_run import read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# R = 2 x 4 = 8, B = 8, N = 16: the 8 devices divide every batch. The data: the first
-# GSM8K test questions whose chat prompts fit MAX_PROMPT tokens, 24 to train and 8 held out.
+# R = 2 x 4 = 8, B = 8, N = 16: the 4 devices divide every batch and microbatch. The
+# data: the first GSM8K test questions whose chat prompts fit MAX_PROMPT tokens, 24 to
+# train and 8 held out.
 MAX_PROMPT, NUM_TRAIN, NUM_TEST = 128, 24, 8
 TINY = [
     f"--config.model.max_len={MAX_PROMPT + 16}",
@@ -77,7 +79,10 @@ def data(checkpoint, tmp_path_factory):
     return directory
 
 
-def train(workdir, checkpoint, data, *extra, devices=8):
+DEVICES = 4
+
+
+def train(workdir, checkpoint, data, *extra, devices=DEVICES):
     env = {
         **os.environ,
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
@@ -92,15 +97,15 @@ def train(workdir, checkpoint, data, *extra, devices=8):
         f"--config.task.data_path={data}",
         *TINY,
         # The config's layer scan, remat, chunked log-probs and bfloat16 sampler stay on;
-        # B = 8 splits into 2 microbatches on one device, none on 8 (one row per device).
-        f"--config.train.num_microbatches={2 if devices == 1 else 1}",
+        # B = 8 in 2 microbatches of 4 rows, one a device.
+        "--config.train.num_microbatches=2",
         "--config.train.logits_chunk_size=32",
         *extra,
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
 
 
-def export(workdir, out, *extra, devices=8):
+def export(workdir, out, *extra, devices=DEVICES):
     proc = subprocess.run(
         [sys.executable, "scripts/export.py", f"--workdir={workdir}", f"--out={out}", *extra],
         cwd=ROOT,
@@ -127,12 +132,11 @@ def trained_params(workdir, step, config):
     return hf_layout.params_to_hf(params.get("params", params), config)
 
 
-@pytest.mark.parametrize("devices", [1, 8])
-def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, data, devices):
+def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, data):
     workdir = tmp_path / "run"
-    first = train(workdir, checkpoint, data, "--config.total_steps=2", devices=devices)
+    first = train(workdir, checkpoint, data, "--config.total_steps=2")
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = train(workdir, checkpoint, data, "--config.total_steps=4", devices=devices)
+    resumed = train(workdir, checkpoint, data, "--config.total_steps=4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 2" in resumed.stdout + resumed.stderr
     # The run's task (from the configuration it saved) reads the real slice, split as the
@@ -169,8 +173,8 @@ def test_replay_steps_checkpoint_resume_and_export(tmp_path, checkpoint, data, d
 
     from replax.hf import checkpoint as hf
 
-    out = export(workdir, tmp_path / "hf", devices=devices)
-    out2 = export(workdir, tmp_path / "hf2", "--step=2", devices=devices)
+    out = export(workdir, tmp_path / "hf")
+    out2 = export(workdir, tmp_path / "hf2", "--step=2")
     assert {"config.json", "tokenizer.json", "generation_config.json"} <= set(os.listdir(out))
     initial = load_file(str(checkpoint / "model.safetensors"))
     exported, exported2 = (load_file(str(d / "model.safetensors")) for d in (out, out2))
