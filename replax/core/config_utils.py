@@ -13,6 +13,7 @@ import difflib
 import importlib.util
 import math
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 
@@ -170,8 +171,6 @@ def parse_flags_or_exit(argv: Sequence[str]) -> list[str]:
     enum's unknown value, a malformed number, an unknown flag) reported as this project
     reports bad input: one line naming the flag and what is allowed, exit 2. absl's own
     parser prints a usage hint as well and exits 1."""
-    import sys
-
     from absl import flags
 
     try:

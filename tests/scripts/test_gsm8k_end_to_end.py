@@ -79,13 +79,13 @@ def data(checkpoint, tmp_path_factory):
     return directory
 
 
-DEVICES = 4
+DEVICES = "--xla_force_host_platform_device_count=4"
 
 
-def train(workdir, checkpoint, data, *extra, devices=DEVICES):
+def train(workdir, checkpoint, data, *extra):
     env = {
         **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": DEVICES,
         "JAX_PLATFORMS": "cpu",
     }
     cmd = [
@@ -105,14 +105,14 @@ def train(workdir, checkpoint, data, *extra, devices=DEVICES):
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
 
 
-def export(workdir, out, *extra, devices=DEVICES):
+def export(workdir, out, *extra):
     proc = subprocess.run(
         [sys.executable, "scripts/export.py", f"--workdir={workdir}", f"--out={out}", *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"},
+        env={**os.environ, "XLA_FLAGS": DEVICES},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
