@@ -179,6 +179,11 @@ def replay(*, capacity: int, strategy: str, drop_zero_advantage: bool) -> ml_col
     # generates and some train; at y = 1 each batch is B fresh rollouts, each trained on
     # once), which the design picks when mu is low; 0: never below B / R.
     r.auto_min_y = 1.0
+    # The batch of auto mode's on-policy steps (y = 1), in replay batches: a step trains
+    # once this many x train.batch_size fresh rollouts wait (in as many times the
+    # microbatches, each of the replay step's size). Set it so that the batch is the
+    # on-policy design's that auto stands in for at low mu.
+    r.auto_onpolicy_batches = 1
     return r
 
 

@@ -83,6 +83,7 @@ def make_schedule(spec: RunSpec) -> schedules.Schedule:
         max_period=spec.auto_max_period,
         design=rc.auto_design,
         min_y=rc.auto_min_y or None,
+        onpolicy_batch=int(rc.auto_onpolicy_batches) * spec.train.batch_size,
     )
 
 

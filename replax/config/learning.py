@@ -113,6 +113,7 @@ class ReplaySection(replay_lib.ReplayConfig):
     auto_max_y: float
     auto_design: str
     auto_min_y: float
+    auto_onpolicy_batches: int
 
     def __post_init__(self):
         super().__post_init__()
@@ -128,6 +129,7 @@ class ReplaySection(replay_lib.ReplayConfig):
                 f"{self.auto_max_y!r} (1: down to on-policy)",
             )
             one_of("replay.auto_design", self.auto_design, tuple(auto_replay.DESIGNS))
+            number("replay.auto_onpolicy_batches", self.auto_onpolicy_batches, low=1, integer=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,6 +60,8 @@ ADDED_KEYS = {
     "warmstart.num_examples": 20_000,
     # Auto mode planned y >= B / R only.
     "replay.auto_min_y": 0.0,
+    # Auto mode's on-policy steps trained on train.batch_size rollouts.
+    "replay.auto_onpolicy_batches": 1,
 }
 
 

@@ -88,6 +88,12 @@ def validate_auto_mode(spec) -> None:
         f"replay.auto_max_y={spec.replay.auto_max_y} is below B / R = {b / r:g}, the "
         "replay ratio of generating every step: it must be >= B / R",
     )
+    batches, n = spec.replay.auto_onpolicy_batches, spec.replay.capacity
+    require(
+        batches * b <= n,
+        f"replay.auto_onpolicy_batches={batches}: its {batches} x train.batch_size={b} "
+        f"rollouts must fit replay.capacity={n}: allowed are 1 to {n // b}",
+    )
 
 
 def validate_sequence_fits_model(spec) -> None:

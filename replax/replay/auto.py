@@ -4,8 +4,9 @@ With `replay.mode='auto'` the RL loop asks an `AutoReplayController` each step w
 generate R fresh rollouts, whether to train, and how old a sampled rollout may be (a max
 age, the horizon x). B and R are fixed, so y moves by skipping one or the other: a
 generation period k makes y = k B / R above B / R; below it every step generates and a
-fraction phi of them trains, y = phi B / R, down to y = 1, on-policy: B fresh rollouts
-are gathered and each is trained on once (`replay.auto_min_y`). The controller
+fraction phi of them trains, y = phi B / R, down to y = 1, on-policy: fresh rollouts are
+gathered until the on-policy batch (`replay.auto_onpolicy_batches` x B) waits, and
+each is trained on once (`replay.auto_min_y`). The controller
 estimates mu (generation / training seconds per rollout, or `replay.mu`), the staleness
 exponent alpha and the correlation rho (from the fresh / stale half-batch gradient
 statistics the train step returns) and the kept fraction f of generated rollouts, and
@@ -83,6 +84,7 @@ class AutoReplayController:
         "rollouts_per_generation", "batch_size", "capacity", "mu_override", "update_every",
         "alpha_init", "rho_init", "mu_init", "kept_init", "ema", "alpha_range", "rho_range",
         "mu_range", "kept_range", "max_period", "min_horizon", "warmup", "design", "min_y",
+        "onpolicy_batch",
     )  # fmt: skip
 
     def __init__(
@@ -107,6 +109,7 @@ class AutoReplayController:
         warmup: int = 1,
         design: str = "paper",
         min_y: float | None = None,
+        onpolicy_batch: int | None = None,
     ):
         if min(rollouts_per_generation, batch_size, capacity, update_every, max_period) < 1:
             raise ValueError("rollouts, batch size, capacity, update_every, max_period >= 1")
@@ -121,6 +124,12 @@ class AutoReplayController:
             raise ValueError(f"min_y={min_y} must lie in [1, max_period B / R]")
         # The lowest y to plan: None keeps the floor of generating every step, B / R.
         self.min_y = min_y
+        # On-policy steps train on this many fresh rollouts (None: B): the batch of the
+        # on-policy design that auto stands in for at low mu, whose sample efficiency
+        # depends on it.
+        if onpolicy_batch is not None and (onpolicy_batch < 1 or onpolicy_batch > capacity):
+            raise ValueError(f"onpolicy_batch={onpolicy_batch} must lie in [1, capacity]")
+        self.onpolicy_batch = onpolicy_batch
         self.design = design
         self.rollouts_per_generation = rollouts_per_generation
         self.batch_size = batch_size
@@ -172,6 +181,8 @@ class AutoReplayController:
         self.last_train = True
         self.waiting = 0
         self.once_max_age = 0
+        # The rollouts the latest training step took (B, or the on-policy batch).
+        self.trained_batch = batch_size
         self.x_opt = self.y_opt = math.nan
         self.y = batch_size / rollouts_per_generation
         self.period = 1.0
@@ -204,17 +215,19 @@ class AutoReplayController:
 
     def should_train(self, step: int) -> bool:
         """Whether `step` takes an optimizer step (asked after `should_generate(step)`;
-        repeated asks agree). On-policy, it trains once B fresh rollouts are waiting."""
+        repeated asks agree). On-policy, it trains once the on-policy batch is waiting."""
         step = int(step)
         if step == self.train_step:
             return self.last_train
         incoming = self.rollouts_per_generation if self.should_generate(step) else 0
+        self.trained_batch = self.batch_size
         if self.once:
             pending = self.waiting + incoming
-            train = pending >= self.batch_size
+            self.trained_batch = self.onpolicy_batch_size
+            train = pending >= self.trained_batch
             # The oldest rollout waiting was generated this many steps ago (one a step).
             self.once_max_age = max(math.ceil(pending / self.rollouts_per_generation) - 1, 0)
-            self.waiting = pending - (self.batch_size if train else 0)
+            self.waiting = pending - (self.trained_batch if train else 0)
         else:
             train = self.train_credit >= 1.0 - 1e-9
             if train:
@@ -222,6 +235,10 @@ class AutoReplayController:
             self.train_credit += self.train_fraction
         self.train_step, self.last_train = step, train
         return train
+
+    @property
+    def onpolicy_batch_size(self) -> int:
+        return self.onpolicy_batch or self.batch_size
 
     @property
     def draw_once(self) -> bool:
@@ -258,10 +275,13 @@ class AutoReplayController:
         if train_s is not None:
             self.train_seen += 1
             if self.train_seen > self.warmup:
-                value = float(train_s) / self.batch_size
+                value = float(train_s) / self.trained_batch
                 self.train_per_rollout = self._smooth(self.train_per_rollout, value)
         if stats:
             values = {k: float(stats[k]) for k in STAT_KEYS}
+            # A half's noise falls as 1 / its size: pooled as at the replay batch's halves.
+            for k in ("halves_noise_fresh", "halves_noise_stale"):
+                values[k] *= self.trained_batch / self.batch_size
             if all(math.isfinite(v) for v in values.values()):
                 for k, v in values.items():
                     self.window[k] += v
@@ -324,7 +344,8 @@ class AutoReplayController:
         self.y = _clip(y, lowest, self.max_period * b / r)
         self.period = _clip(self.y * r / b, 1.0, float(self.max_period))
         # Below B / R: generate every step and train on a fraction of them; at y = 1 the
-        # batch is B fresh rollouts, each trained on once: on-policy, at on-policy's cost.
+        # batch is the on-policy batch of fresh rollouts, each trained on once: on-policy,
+        # at on-policy's cost.
         self.train_fraction = min(self.y * r / b, 1.0)
         once = self.y <= 1.0 + 1e-9
         if once and not self.once:

@@ -58,6 +58,9 @@ class Run:
     train_step: Any
     onpolicy_train_step: Any  # auto mode's on-policy steps (train_step otherwise)
     add_and_sample: Any
+    # Auto mode's on-policy steps draw and train on this many rollouts (B otherwise).
+    onpolicy_add_and_sample: Any
+    onpolicy_batch_size: int
     replay_shardings: Any
     # task.long_prompts='skip': each split's records left out, its size before (cfg.Built).
     skipped_prompts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
@@ -70,6 +73,13 @@ class Run:
     @property
     def seq_len(self) -> int:
         return self.spec.seq_len
+
+    def steps_for(self, once) -> tuple[Any, Any, int]:
+        """(add_and_sample, train_step, batch size) of a step: auto mode's on-policy
+        programs when `once`, else the replay step's."""
+        if once:
+            return self.onpolicy_add_and_sample, self.onpolicy_train_step, self.onpolicy_batch_size
+        return self.add_and_sample, self.train_step, self.spec.train.batch_size
 
 
 @dataclasses.dataclass
@@ -124,42 +134,49 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     replay_shardings = buffer.state_sharding(
         jax.eval_shape(buffer.init, item), mesh, data_axes=data_axes or ()
     )
-    batch_sharding = train_step_lib.batch_shardings(
-        mesh, rules, rollouts.batch_spec(spec.train.batch_size, seq_len, spec.rollout.stream)
+    batch_sharding = lambda size: train_step_lib.batch_shardings(
+        mesh, rules, rollouts.batch_spec(size, seq_len, spec.rollout.stream)
     )
     state_shardings = train_step_lib.train_state_shardings(
         model, optimizer, mesh, rules, with_reference=spec.loss.kl_coef > 0
     )
-    make_step = lambda loss: train_step_lib.make_train_step(
+    b = spec.train.batch_size
+    make_step = lambda loss, size=b: train_step_lib.make_train_step(
         model,
         optimizer,
         loss,
         mesh,
         rules,
         state_shardings,
-        batch_sharding,
+        batch_sharding(size),
         temperature=r.temperature,
         half_batch_stats=schedule.half_batch_stats,
         vocab_size=tokenizer.sample_limit,
-        num_microbatches=spec.train.num_microbatches,
+        # Microbatches of the replay step's size, whatever the batch.
+        num_microbatches=spec.train.num_microbatches * size // b,
         logits_chunk_size=spec.train.logits_chunk_size,
         grad_clip=spec.optimizer.grad_clip,
     )
     train_step = onpolicy_train_step = make_step(spec.loss)
-    if schedule.varies_training and spec.loss.covariance_option:
-        # Auto mode's on-policy steps train as on-policy does (compiled on first use).
-        onpolicy_train_step = make_step(spec.loss.without_covariance())
-    add_and_sample = jax.jit(
+    make_add_and_sample = lambda size: jax.jit(
         rollouts.make_add_and_sample(
             buffer,
             group_size=r.group_size,
-            batch_size=spec.train.batch_size,
+            batch_size=size,
             normalize_std=spec.loss.normalize_std,
             drop_zero_advantage=spec.replay.drop_zero_advantage,
         ),
-        out_shardings=(replay_shardings, batch_sharding, sharding.replicated(mesh)),
+        out_shardings=(replay_shardings, batch_sharding(size), sharding.replicated(mesh)),
         donate_argnums=(0,),
     )
+    add_and_sample = onpolicy_add_and_sample = make_add_and_sample(b)
+    onpolicy_b = getattr(schedule, "onpolicy_batch_size", b)
+    if schedule.varies_training and (spec.loss.covariance_option or onpolicy_b != b):
+        # Auto mode's on-policy steps train as on-policy does, on its batch (compiled on
+        # first use).
+        onpolicy_train_step = make_step(spec.loss.without_covariance(), onpolicy_b)
+    if onpolicy_b != b:
+        onpolicy_add_and_sample = make_add_and_sample(onpolicy_b)
     # Decoding may use a mesh of its own (tensor-parallel; disjoint: the sampler's devices).
     sampler = sampler_lib.make_sampler(
         mcfg,
@@ -192,6 +209,8 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         train_step=train_step,
         onpolicy_train_step=onpolicy_train_step,
         add_and_sample=add_and_sample,
+        onpolicy_add_and_sample=onpolicy_add_and_sample,
+        onpolicy_batch_size=onpolicy_b,
         replay_shardings=replay_shardings,
         skipped_prompts=built.skipped_prompts,
         split_sizes=built.split_sizes,

@@ -212,8 +212,9 @@ class ComputeAccount:
     # plain step's (one forward, one backward), so a step that runs more passes (a KL
     # reference, a covariance option's in microbatches) costs more than B.
     train_cost: float = 0.0
-    # Train steps taken.
+    # Loop steps taken, and those that took an optimizer step (skipped ones included).
     steps: int = 0
+    updates: int = 0
 
     def mu_measured(self) -> float | None:
         """Generation cost / training cost per rollout, in seconds on this machine."""
@@ -225,10 +226,13 @@ class ComputeAccount:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, saved: dict[str, Any]) -> ComputeAccount:
+    def from_dict(cls, saved: dict[str, Any], batch_size: int) -> ComputeAccount:
         """The account of a checkpoint; one saved before train_cost was kept resumes it
-        from train_rollouts, the cost it counted until then."""
-        return cls(**{"train_cost": float(saved.get("train_rollouts", 0)), **saved})
+        from train_rollouts, the cost it counted until then, and one saved before updates
+        were counted from train_rollouts / batch_size (every update then took B)."""
+        trained = saved.get("train_rollouts", 0)
+        older = {"train_cost": float(trained), "updates": trained // batch_size}
+        return cls(**{**older, **saved})
 
 
 # replax.rl.objectives.COVARIANCE_OPTIONS, named here so that reading runs does not import JAX.

@@ -65,9 +65,10 @@ def add_sample_and_train(
     Returns (replay_state, train_state, step_metrics, stats) on the host."""
     made = fresh.rollouts
     varies = {}
-    if once is not None:  # auto mode: the same program whether it trains or draws once
+    if once is not None:  # auto mode: the same program whether it trains or not
         varies = dict(once=jnp.bool_(once), train=jnp.bool_(trains))
-    replay_state, batch, stats = run.add_and_sample(
+    add_and_sample, train_step, _ = run.steps_for(once)
+    replay_state, batch, stats = add_and_sample(
         replay_state,
         made.prompt_ids,
         made.prompt_mask,
@@ -81,14 +82,13 @@ def add_sample_and_train(
         **varies,
     )
     if not trains:  # the same keys as a trained step's record, without values
-        keys = _train_metric_keys(run, train_state, batch)
+        keys = _train_metric_keys(run, train_step, train_state, batch)
         return (
             replay_state,
             train_state,
             {**dict.fromkeys(keys), "skipped": 0},
             (jax.device_get(stats)),
         )
-    train_step = run.onpolicy_train_step if once else run.train_step
     train_state, step_metrics = train_step(train_state, batch)
     step_metrics, stats = jax.device_get((step_metrics, stats))
     return replay_state, train_state, step_metrics, stats
@@ -117,8 +117,8 @@ def _version(fresh: StepRollouts, step):
 _TRAIN_KEYS: dict[int, tuple[str, ...]] = {}
 
 
-def _train_metric_keys(run: Run, train_state, batch) -> tuple[str, ...]:
-    jitted = run.train_step.jitted
+def _train_metric_keys(run: Run, train_step, train_state, batch) -> tuple[str, ...]:
+    jitted = train_step.jitted
     if id(jitted) not in _TRAIN_KEYS:
         with sharding.activation_rules(run.mesh, run.rules):
             _, shapes = jax.eval_shape(jitted, train_state, batch)
@@ -148,9 +148,11 @@ def step_record(
     train_s,
     t_start,
     trained=True,
+    batch_size=None,
 ):
     """The metrics of one loop step, after accounting its cost and telling the schedule
-    what it took; seconds are process 0's on every process (auto replay plans by them)."""
+    what it took; seconds are process 0's on every process (auto replay plans by them).
+    batch_size: the rollouts the step trained on (None: train.batch_size)."""
     account, schedule = loop.account, loop.schedule
     fresh, generated = step_rollouts.rollouts, step_rollouts.generated
     seconds = processes.from_process_zero(np.array([step_rollouts.gen_s, train_s]))
@@ -170,6 +172,7 @@ def step_record(
         fresh.decoded_row_steps,
         passes,
         trained=trained,
+        batch_size=batch_size,
     )
     kept = int(stats["rollouts_kept"]) if generated else None
     schedule.observe(
@@ -233,14 +236,16 @@ def account_step(
     decoded_row_steps: int | None = None,
     passes: flops_lib.TrainPasses | None = None,
     trained: bool = True,
+    batch_size: int | None = None,
 ) -> None:
     """Adds one step's generation (lengths int[R] of the completions, or None when the
     step generated nothing; decoded_row_steps: the row-steps the sampler decoded, None:
     R x the longest, as the static sampler does) and training (none when not `trained`)
     to the compute account; passes: what the train step ran (its `forward_passes` and
-    `backward_passes` metrics; None: one forward and one backward)."""
+    `backward_passes` metrics; None: one forward and one backward); batch_size: the
+    rollouts trained on (None: train.batch_size)."""
     passes = passes or flops_lib.TrainPasses()
-    c, r, b = run.spec, run.rollouts_per_step, run.spec.train.batch_size
+    c, r, b = run.spec, run.rollouts_per_step, batch_size or run.spec.train.batch_size
     if lengths is not None:
         account.gen_tokens += int(lengths.sum())
         decoded = r * int(lengths.max()) if decoded_row_steps is None else decoded_row_steps
@@ -255,3 +260,4 @@ def account_step(
         account.train_cost += b * passes.relative_cost
         account.train_s += train_s
         account.train_rollouts += b
+        account.updates += 1

@@ -156,7 +156,7 @@ def restore(run: Run, checkpointer, prompt_iter, log=print, warn=print):
         loop.schedule = auto_replay.AutoReplayController.from_state_dict(saved["auto_replay"])
     loop.step, loop.wall_s = saved["step"], saved["wall_s"]
     loop.base_accuracy = saved["base_accuracy"]
-    loop.account = metrics_lib.ComputeAccount.from_dict(saved["account"])
+    loop.account = metrics_lib.ComputeAccount.from_dict(saved["account"], run.spec.train.batch_size)
     loop.skipped_steps = saved.get("skipped_steps", 0)
     loop.reward_errors = saved.get("reward_errors", 0)
     if saved.get("pending"):
@@ -208,10 +208,10 @@ def run_loop(
         gen_key, sample_key, eval_key = step_keys(base_key, step)
         generated, trains = schedule.should_generate(step), schedule.should_train(step)
         max_age = schedule.max_age()
+        once = schedule.draw_once if schedule.varies_training else None
         # Skipped steps, and steps that did not train, did not advance the optimizer's
         # count of updates.
-        updates = account.train_rollouts // c.train.batch_size - loop.skipped_steps
-        learning_rate = learning_rates[updates]
+        learning_rate = learning_rates[account.updates - loop.skipped_steps]
         fresh = steps.fresh_rollouts(
             run, disjoint, step, train_state.params, prompt_iter, gen_key, generated, idle
         )
@@ -225,14 +225,22 @@ def run_loop(
             sample_key,
             max_age,
             trains,
-            schedule.draw_once if schedule.varies_training else None,
+            once,
         )
         train_s = time.time() - t1
         loop.skipped_steps += int(step_metrics.pop("skipped"))
         loop.reward_errors += int(fresh.rollouts.reward_errors or 0)
         # ACCOUNTING AND METRICS
         record = steps.step_record(
-            run, loop, fresh, stats, step_metrics, train_s, t_start, trained=trains
+            run,
+            loop,
+            fresh,
+            stats,
+            step_metrics,
+            train_s,
+            t_start,
+            trained=trains,
+            batch_size=run.steps_for(once)[2],
         )
         # The float32 rate as its shortest decimal (1e-4, not 9.99999974e-05).
         record["learning_rate"] = float(str(learning_rate))

@@ -51,6 +51,7 @@ MACHINE_KEYS = (
 # kept run's fingerprint stays what it was).
 INERT_UNLESS = {
     "replay.auto_min_y": ("replay.mode", "auto"),
+    "replay.auto_onpolicy_batches": ("replay.mode", "auto"),
     "warmstart.num_examples": ("model.init", "warmstart"),
 }
 

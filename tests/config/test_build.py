@@ -143,6 +143,10 @@ BAD_SETTINGS = [
     ({"replay.mode": "auto", "replay.auto_min_y": 0.5}, "replay.auto_min_y"),
     ({"replay.mode": "auto", "replay.auto_min_y": 9.0}, "replay.auto_min_y"),
     ({"replay.mode": "auto", "train.batch_size": 15}, "even"),
+    # The on-policy batch: whole replay batches (microbatches of the same size), in the ring.
+    ({"replay.mode": "auto", "replay.auto_onpolicy_batches": 0}, "replay.auto_onpolicy_batches"),
+    ({"replay.mode": "auto", "replay.auto_onpolicy_batches": -1}, "replay.auto_onpolicy_batches"),
+    ({"replay.mode": "auto", "replay.auto_onpolicy_batches": 3}, "replay.auto_onpolicy_batches"),
     ({"replay.mode": "sometimes"}, "replay.mode"),
     # Ranges that make training impossible or meaningless.
     ({"rollout.temperature": 0.0}, "rollout.temperature"),

@@ -209,7 +209,7 @@ def test_the_horizon_is_the_whole_ring_until_staleness_is_measured():
     assert restored.max_age() == 2
 
 
-def at_mu(mu, min_y=1.0, rollouts=16, batch=64):
+def at_mu(mu, min_y=1.0, rollouts=16, batch=64, onpolicy_batch=None):
     """A long-run controller planning for mu with rho 0.01, alpha < 0 and kept 0.65 (the
     embedded task's estimates), B / R = 4, y at most 8."""
     controller = AutoReplayController(
@@ -220,6 +220,7 @@ def at_mu(mu, min_y=1.0, rollouts=16, batch=64):
         design="long_run",
         max_period=2,
         min_y=min_y,
+        onpolicy_batch=onpolicy_batch,
     )
     controller.alpha, controller.rho, controller.kept = -0.3, 0.01, 0.65
     controller._plan()
@@ -263,13 +264,46 @@ def test_low_mu_plans_on_policy_and_high_mu_replays():
         at_mu(0.5, min_y=0.5)
 
 
-def test_the_on_policy_path_trains_each_rollout_once_zero_advantage_groups_included():
+def test_the_on_policy_batch_sets_when_on_policy_steps_train_and_what_they_cost():
+    """With an on-policy batch of 2 B = 128, every eighth step trains on the 8 R waiting
+    (0-7 steps old); its seconds count per rollout of that batch, and its halves' noise
+    (which falls as 1 / the half's size) is pooled as at B's halves."""
+    controller = at_mu(0.5, onpolicy_batch=128)
+    assert controller.onpolicy_batch_size == 128 and controller.draw_once
+    assert decisions(controller, 16) == [(True, s % 8 == 7, 7 if s % 8 == 7 else s % 8)
+                                         for s in range(16)]  # fmt: skip
+    plain = at_mu(0.5)
+    stats = dict(zip(auto_replay.STAT_KEYS, (0.01, 0.02, 0.03, 0.0, 3.0), strict=True))
+    for c, steps in ((controller, 8), (plain, 4)):
+        for step in range(16, 16 + steps):
+            trains = c.should_generate(step) and c.should_train(step)
+            c.observe(gen_s=1.0, train_s=2.0 if trains else None, stats=stats if trains else None)
+    assert controller.train_seen == plain.train_seen == 1
+    controller.warmup = plain.warmup = 0
+    controller.observe(train_s=2.0, stats=stats)  # as if the last step had trained
+    plain.observe(train_s=2.0, stats=stats)
+    assert controller.train_per_rollout == pytest.approx(2.0 / 128)
+    assert plain.train_per_rollout == pytest.approx(2.0 / 64)
+    assert controller.window["halves_noise_fresh"] == pytest.approx(2 * 2 * 0.02)
+    assert plain.window["halves_noise_fresh"] == pytest.approx(2 * 0.02)
+    assert controller.window["halves_cross"] == plain.window["halves_cross"] == 2 * 0.01
+    with pytest.raises(ValueError, match="onpolicy_batch"):
+        at_mu(0.5, onpolicy_batch=8192)  # more than the ring holds
+
+
+@pytest.mark.parametrize("onpolicy_batch", [None, 16])
+def test_the_on_policy_path_trains_each_rollout_once_zero_advantage_groups_included(
+    onpolicy_batch,
+):
     """At low mu, the controller and the compiled add-and-sample together: every rollout
-    generated (groups of equal rewards too) is in exactly one trained batch."""
+    generated (groups of equal rewards too) is in exactly one trained batch, of B or of
+    the on-policy batch."""
     from replax.replay.store import ReplayConfig, make_replay_buffer
 
     r, g, b, prompt_len, new_tokens = 4, 2, 8, 2, 2
-    controller = at_mu(0.5, rollouts=r, batch=b)
+    controller = at_mu(0.5, rollouts=r, batch=b, onpolicy_batch=onpolicy_batch)
+    b = controller.onpolicy_batch_size
+    every = b // r
     buffer = make_replay_buffer(ReplayConfig(capacity=64, strategy="positive_bias"))
     add_and_sample = jax.jit(
         rollouts.make_add_and_sample(
@@ -285,7 +319,7 @@ def test_the_on_policy_path_trains_each_rollout_once_zero_advantage_groups_inclu
     trained = []
     for step in range(12):
         generate, train = controller.should_generate(step), controller.should_train(step)
-        assert generate and train == (step % 2 == 1)
+        assert generate and train == (step % every == every - 1)
         ids = 100 + r * step + jnp.arange(r, dtype=jnp.int32)  # rollout ids, in the prompt
         rewards = jnp.array([1.0, 1.0, 0.0, 1.0])  # the first group has zero advantage
         state, batch, _ = add_and_sample(
@@ -421,15 +455,22 @@ def test_rollout_budget_stops_the_run_and_counts_as_finished(tmp_path):
     assert metrics_lib.read_metrics(workdir) == records
 
 
-def test_trainer_at_low_mu_runs_on_policy(tmp_path):
-    """replay.mu = 0.5 (y* < 1): every step generates R = 8, every second trains on the
-    B = 16 waiting, each drawn for the first time: trained = generated after each update."""
+@pytest.mark.parametrize("onpolicy_batches", [1, 2])
+def test_trainer_at_low_mu_runs_on_policy(tmp_path, onpolicy_batches):
+    """replay.mu = 0.5 (y* < 1): every step generates R = 8 and trains once the on-policy
+    batch (B = 16, or 2 B with replay.auto_onpolicy_batches = 2) waits, each rollout drawn for the
+    first time: trained = generated after each update, one update a batch."""
     from replax.run import metrics as metrics_lib
     from replax.run import trainer
     from replax.tools import experiments
 
     c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
-    low_mu = {**AUTO_MICRO, "replay.mu": 0.5, "replay.drop_zero_advantage": True}
+    low_mu = {
+        **AUTO_MICRO,
+        "replay.mu": 0.5,
+        "replay.drop_zero_advantage": True,
+        "replay.auto_onpolicy_batches": onpolicy_batches,
+    }
     for key, value in low_mu.items():
         experiments.set_value(c, key, value)
     c.task.data_dir = str(tmp_path / "data")
@@ -437,14 +478,16 @@ def test_trainer_at_low_mu_runs_on_policy(tmp_path):
     with experiments.compilation_cache(str(tmp_path / "jax_cache")):
         trainer.train(c, str(tmp_path / "run"), log=lambda _: None)
     records = metrics_lib.read_metrics(str(tmp_path / "run"))
-    assert [r["auto_train"] for r in records] == [0, 1] * 4
+    every = onpolicy_batches * 16 // 8
+    assert [r["auto_train"] for r in records] == [int(s % every == every - 1) for s in range(8)]
     assert all(r["auto_generate"] == 1 and r["auto_onpolicy"] == 1 for r in records)
     for r in records:
         if r["auto_train"]:
             assert r["train_rollouts"] == r["gen_rollouts"] == 8 * r["step"]
-            assert r["replay_reuse_mean"] == 0.0 and r["replay_age_max"] <= 1
+            assert r["updates"] == r["step"] // every
+            assert r["replay_reuse_mean"] == 0.0 and r["replay_age_max"] == every - 1
         else:
-            assert r["loss"] is None and r["train_rollouts"] == 8 * (r["step"] - 1)
+            assert r["loss"] is None and r["train_rollouts"] == 8 * every * (r["step"] // every)
 
 
 def test_at_the_floor_and_before_estimates_auto_is_the_fixed_design(tmp_path):

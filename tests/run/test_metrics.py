@@ -165,15 +165,18 @@ def test_mu_measured_is_none_before_both_phases_ran(fields):
 
 def test_account_round_trips_through_json():
     account = metrics.ComputeAccount(
-        gen_tokens=100, gen_flops=2e9, train_flops=6e9, gen_s=1.5, train_s=0.5, steps=3
+        gen_tokens=100, gen_flops=2e9, train_flops=6e9, gen_s=1.5, train_s=0.5, steps=3, updates=2
     )
-    restored = metrics.ComputeAccount.from_dict(json.loads(json.dumps(account.as_dict())))
+    restored = metrics.ComputeAccount.from_dict(json.loads(json.dumps(account.as_dict())), 32)
     assert restored == account
 
 
 def test_an_account_saved_before_train_cost_resumes_it_from_the_rollouts():
     saved = {"train_rollouts": 96, "train_flops": 6e9, "steps": 3}  # no train_cost key
-    assert metrics.ComputeAccount.from_dict(saved).train_cost == 96.0
+    restored = metrics.ComputeAccount.from_dict(saved, 32)
+    assert restored.train_cost == 96.0
+    # Nor its updates: each then took train.batch_size rollouts.
+    assert restored.updates == 3
 
 
 def test_records_from_before_train_cost_get_it_from_their_config():

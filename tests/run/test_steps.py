@@ -75,6 +75,20 @@ def test_a_step_with_more_passes_costs_more():
     assert account.train_cost == pytest.approx(8 * 4.75 / 3) and account.train_rollouts == 8
 
 
+def test_a_step_on_another_batch_counts_the_rollouts_it_trained_on():
+    """Auto mode's on-policy step trains on its own batch (here 24, not train.batch_size
+    8): its rollouts, FLOPs and cost are the batch's, and it is one update."""
+    run, account = _run(), metrics_lib.ComputeAccount()
+    steps.account_step(account, run, None, 0.0, 0.5, batch_size=24)
+    steps.account_step(account, run, None, 0.0, 0.5)
+    assert (account.train_rollouts, account.updates, account.train_cost) == (32, 2, 32.0)
+    assert account.train_flops == pytest.approx(
+        flops_lib.train_flops(TINY, 24, 16) + flops_lib.train_flops(TINY, 8, 16)
+    )
+    steps.account_step(account, run, None, 0.0, 0.0, trained=False)
+    assert (account.train_rollouts, account.updates, account.steps) == (32, 2, 3)
+
+
 def test_the_record_tells_the_schedule_what_the_step_took():
     run, loop = _run(), _loop()
     stats = {"rollouts_kept": 3, "rollout_entropy": np.float32(0.75)}
