@@ -16,7 +16,9 @@ Writes DIR/compare.json (and the rest compare.py writes) and --out: `{"mu": {"0.
 "within_tolerance", "per_seed"}, ...}, "commit", "command", ...}`, C the median over seeds
 (null when the median seed never reaches the target). --variants=NAME,NAME runs only those
 (e.g. two processes sharing the cores) and writes no --out; --partial=WHY marks the JSON
-as a study cut short (`partial`, `partial_reason`).
+as a study cut short (`partial`, `partial_reason`). --reuse=DIR[,DIR] takes finished runs
+of equal settings from other studies (compare.py's --reuse), e.g. on-policy's and the fixed
+design's when only auto mode changed.
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ import compare  # noqa: E402
 from replax.tools import report as report_lib  # noqa: E402
 from replax.tools import same_basis  # noqa: E402
 
-FLAGS = ("workdir", "seeds", "mus", "budget_rollouts", "num_evals", "out", "variants", "partial")
+FLAGS = (
+    "workdir", "seeds", "mus", "budget_rollouts", "num_evals", "out", "variants", "partial",
+    "reuse",
+)  # fmt: skip
 
 
 def parse(argv: list[str]) -> dict[str, str]:
     """--FLAG=VALUE pairs of FLAGS; ValueError (one line) for anything else."""
     args = {"seeds": "3", "mus": "0.5,1,2,6", "budget_rollouts": "0", "num_evals": "16"}
-    args.update(out="", variants="", partial="")
+    args.update(out="", variants="", partial="", reuse="")
     for item in argv:
         name, sep, value = item.removeprefix("--").partition("=")
         if not item.startswith("--") or not sep or name not in FLAGS:
@@ -75,6 +80,8 @@ def compare_argv(args: dict, variants: list[str]) -> list[str]:
         f"--variants={','.join(variants)}",
         "--lr_grid=" + ";".join(f"{v}:1e-4" for v in variants),
     ]
+    if args.get("reuse"):
+        argv.append(f"--reuse={args['reuse']}")
     for mu in args["mu_list"]:
         name = auto_variant(mu)
         if name in variants:
