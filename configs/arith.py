@@ -128,7 +128,7 @@ def get_config(arg=None):
     # N = 4096 (x = N/R = 256), the paper's positive-bias sampling.
     c.replay = common.replay(capacity=4096, strategy="positive_bias", drop_zero_advantage=True)
     # Auto mode at low mu trains on-policy on the on-policy variant's batch, 64: on B = 32
-    # it ended 9 points lower at the same rollouts (docs/auto_replay.md).
+    # it ended 7 points lower at the same rollouts (medians of 3 seeds, docs/auto_replay.md).
     c.replay.auto_onpolicy_batches = 2
     c.loss = common.loss()
     # The covariance cut on a fifth of the tokens: the gradient of the tokens of largest
