@@ -64,6 +64,26 @@ ADDED_KEYS = {
     "replay.auto_onpolicy_batches": 1,
 }
 
+# Settings that do nothing unless another has a value: {key: (that key, its value)}. Where
+# it lacks that value the setting takes its old value (ADDED_KEYS), the one a run kept
+# before the setting existed holds, so that today's default does not part the two: such a
+# run resumes, and a kept run's fingerprint (replax.tools.run_store) stays what it was.
+INERT_UNLESS = {
+    "replay.auto_min_y": ("replay.mode", "auto"),
+    "replay.auto_onpolicy_batches": ("replay.mode", "auto"),
+    "warmstart.num_examples": ("model.init", "warmstart"),
+}
+
+
+def without_inert(flat: dict[str, Any]) -> dict[str, Any]:
+    """Flat settings (config_utils.flatten) with each INERT_UNLESS setting that has no
+    effect at its old value."""
+    out = dict(flat)
+    for key, (switch, value) in INERT_UNLESS.items():
+        if key in out and out.get(switch) != value:
+            out[key] = ADDED_KEYS[key]
+    return out
+
 
 def migrate(config: dict[str, Any]) -> dict[str, Any]:
     """A copy of a config's plain dict with each RENAMED_KEYS setting moved to its new name

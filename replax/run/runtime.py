@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from replax.config.migration import migrate
+from replax.config.migration import migrate, without_inert
 from replax.core import config_utils, processes
 from replax.core.config_utils import ConfigError
 
@@ -146,13 +146,15 @@ def check_resume_config(workdir: str, config: dict[str, Any], has_checkpoint: bo
         raise ConfigError(f"{path} is unreadable ({e}): move it away to resume") from None
     current = config_utils.flatten(json.loads(json.dumps(config, default=list)))
     # A config.json from before a setting existed resumes under the setting's old value
-    # (replax.config.migration); a setting the current config does not have either is no change.
+    # (replax.config.migration); a setting the current config does not have either is no
+    # change, nor is one that does nothing in either run (migration.INERT_UNLESS).
     written = config_utils.flatten(stored)
     saved = {
         k: v
         for k, v in config_utils.flatten(migrate(stored)).items()
         if k in written or k in current
     }
+    saved, current = without_inert(saved), without_inert(current)
     changed = sorted(
         key
         for key in set(saved) | set(current)

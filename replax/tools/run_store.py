@@ -45,29 +45,18 @@ MACHINE_KEYS = (
     "checkpoint_every",
     "checkpoint_keep",
 )
-# Settings that do nothing unless another has a value: {key: (that key, its value)}. Where
-# it lacks that value the setting takes its old value (migration.ADDED_KEYS), the one a run
-# kept before the setting existed holds, so today's default does not part the two (and a
-# kept run's fingerprint stays what it was).
-INERT_UNLESS = {
-    "replay.auto_min_y": ("replay.mode", "auto"),
-    "replay.auto_onpolicy_batches": ("replay.mode", "auto"),
-    "warmstart.num_examples": ("model.init", "warmstart"),
-}
 
 
 def settings(config: dict[str, Any]) -> dict[str, Any]:
     """The flat settings that make a run what it is: a config (a plain dict, as config.json
     holds it) brought up to date (replax.config.migration: a run written before a setting
     existed ran with its old value) without MACHINE_KEYS; tuples as lists, as JSON has.
-    Two configs that run alike have equal settings: an INERT_UNLESS setting without effect
-    takes its old value, and warmstart.num_examples=0 (the task's train split) resolves to
-    task.num_train as the trainer resolves it (sections.WarmstartSection.config)."""
+    Two configs that run alike have equal settings: a setting without effect takes its old
+    value (migration.INERT_UNLESS), and warmstart.num_examples=0 (the task's train split)
+    resolves to task.num_train as the trainer resolves it
+    (sections.WarmstartSection.config)."""
     plain = json.loads(json.dumps(config, default=list))
-    flat = config_utils.flatten(migration.migrate(plain))
-    for key, (switch, value) in INERT_UNLESS.items():
-        if key in flat and flat.get(switch) != value:
-            flat[key] = migration.ADDED_KEYS[key]
+    flat = migration.without_inert(config_utils.flatten(migration.migrate(plain)))
     if flat.get("warmstart.num_examples") == 0:
         flat["warmstart.num_examples"] = flat.get("task.num_train") or 0
     return {k: v for k, v in flat.items() if not any(fnmatch.fnmatch(k, p) for p in MACHINE_KEYS)}

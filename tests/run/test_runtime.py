@@ -308,3 +308,18 @@ def test_a_run_from_before_a_setting_existed_resumes_under_its_old_value(tmp_pat
     scanned = {"model": {"d_model": 32, "scan_layers": True}}
     with pytest.raises(ConfigError, match=r"model\.scan_layers False -> True"):
         runtime.check_resume_config(str(tmp_path), scanned, has_checkpoint=True)
+
+
+def test_a_setting_that_does_nothing_in_either_run_is_no_change(tmp_path):
+    """Auto mode's keys, added with defaults other than their old values, do nothing in a
+    fixed-mode run: one from before they existed resumes under today's defaults. In auto
+    mode the same change parts the runs and is refused."""
+    old = {"replay": {"mode": "fixed", "capacity": 64}}
+    (tmp_path / "fixed").mkdir(), (tmp_path / "auto").mkdir()
+    today = {"replay": {**old["replay"], "auto_min_y": 1.0, "auto_onpolicy_batches": 2}}
+    runtime.record_run_config(str(tmp_path / "fixed"), old)
+    runtime.check_resume_config(str(tmp_path / "fixed"), today, has_checkpoint=True)
+    runtime.record_run_config(str(tmp_path / "auto"), {"replay": {**old["replay"], "mode": "auto"}})
+    auto_today = {"replay": {**today["replay"], "mode": "auto"}}
+    with pytest.raises(ConfigError, match=r"replay\.auto_onpolicy_batches 1 -> 2"):
+        runtime.check_resume_config(str(tmp_path / "auto"), auto_today, has_checkpoint=True)
