@@ -44,7 +44,7 @@ FLAGS = (
 )  # fmt: skip
 
 
-def parse(argv: list[str]) -> dict[str, str]:
+def parse_args(argv: list[str]) -> dict[str, str]:
     """--FLAG=VALUE pairs of FLAGS; ValueError (one line) for anything else."""
     args = {"seeds": "3", "mus": "0.5,1,2,6", "budget_rollouts": "0", "num_evals": "16"}
     args.update(out="", variants="", partial="", reuse="")
@@ -101,7 +101,7 @@ def commit() -> str | None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = parse(argv)
+        args = parse_args(argv)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

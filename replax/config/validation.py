@@ -1,11 +1,8 @@
-"""Rules that span the run spec's sections, each a small named function.
-
-`validate_spec` runs the rules that need the configuration alone (RunSpec runs it on
-construction). The others need what `replax.config.build.build` made (the model's
-architecture, the tokenizer, the task) or the machine (the device and process counts)
-and are run there, before any compute. Each raises ConfigError with one line naming the
-key and what is allowed.
-"""
+"""Rules that span the run spec's sections, each a small named function: `validate_spec`
+runs those that need the configuration alone (RunSpec runs it on construction); the others
+need what `replax.config.build.build` made (the model, the tokenizer, the task) or the
+machine (devices, processes) and run there, before any compute. Each raises ConfigError
+with one line naming the key and what is allowed."""
 
 from __future__ import annotations
 
@@ -167,8 +164,7 @@ def placement_devices(spec, num_devices: int, processes: int) -> tuple[int, int]
     )
     if processes == 1:
         return num_devices - n, n
-    local = num_devices // processes
-    k = n // processes
+    local, k = num_devices // processes, n // processes
     require(
         n % processes == 0 and (local - k) % k == 0,
         f"rollout.num_devices={n} on {processes} processes of {local} devices: every process "
@@ -360,10 +356,8 @@ def engine_cache_bytes(spec, model_config, sampler_shape, sampler_devices: int) 
     over the data shards and kv heads over the tensor shards."""
     c = spec.rollout
     rows = -(-c.slots // logical_shards(spec, "batch", sampler_shape, sampler_devices))
-    kv_heads = -(
-        -model_config.num_kv_heads
-        // logical_shards(spec, "kv_heads", sampler_shape, sampler_devices)
-    )
+    tensor = logical_shards(spec, "kv_heads", sampler_shape, sampler_devices)
+    kv_heads = -(-model_config.num_kv_heads // tensor)
     dtype = c.cache_dtype or c.dtype or model_config.dtype
     itemsize = np.dtype(DTYPES[dtype]).itemsize
     length = c.max_prompt_len - 1 + c.max_new_tokens

@@ -2,22 +2,17 @@ r"""Auto replay: choose the replay ratio y = B / R and the staleness horizon x =
 
 With `replay.mode='auto'` the RL loop asks an `AutoReplayController` each step whether to
 generate R fresh rollouts, whether to train, and how old a sampled rollout may be (a max
-age, the horizon x). B and R are fixed, so y moves by skipping one or the other: a
-generation period k makes y = k B / R above B / R; below it every step generates and a
-fraction phi of them trains, y = phi B / R, down to y = 1, on-policy: fresh rollouts are
-gathered until the on-policy batch (`replay.auto_onpolicy_batches` x B) waits, and
-each is trained on once (`replay.auto_min_y`). The controller
+age, the horizon x). B and R are fixed: a generation period k makes y = k B / R above
+B / R; below it every step generates and a fraction phi of them trains, y = phi B / R,
+down to y = 1, on-policy (`replay.auto_min_y`): each step trains once the on-policy batch
+(`replay.auto_onpolicy_batches` x B) of fresh rollouts waits, each drawn once. It
 estimates mu (generation / training seconds per rollout, or `replay.mu`), the staleness
-exponent alpha and the correlation rho (from the fresh / stale half-batch gradient
-statistics the train step returns) and the kept fraction f of generated rollouts, and
-every `update_every` steps re-plans (x*, y*) with one of `replay_design.DESIGNS`: 'paper'
-(`optimal_design`, the paper's J(x, y) minimised in closed form) or 'long_run'
-(`long_run_design`, y* = sqrt(mu / (1 / f + rho)), the config's default). Until a window
-has measured staleness (halves of different ages), the horizon is the whole ring, as in
-the fixed design: at y = B / R the run is the fixed design's until then.
-
-docs/auto_replay.md has the derivations of both designs, the estimators and the config
-keys; tests/replay/test_designs.py checks the closed forms.
+exponent alpha and the correlation rho (from the train step's fresh / stale half-batch
+gradient statistics) and the kept fraction f, and every `update_every` steps re-plans
+(x*, y*) with a design of `replay_design.DESIGNS` ('long_run', the config's default, or
+'paper'). Until a window has measured staleness (halves of different ages), the horizon
+is the whole ring, as in the fixed design. docs/auto_replay.md has the derivations, the
+estimators and the config keys; tests/replay/test_designs.py checks the closed forms.
 """
 
 from __future__ import annotations
@@ -27,16 +22,11 @@ from typing import Any
 
 from replax.replay.designs import DESIGNS
 
-# ------------------------------------------------------------ statistics in the train step
-
-
+# The train step's half-batch statistics this plans from.
 STAT_KEYS = (
-    "halves_cross",
-    "halves_noise_fresh",
-    "halves_noise_stale",
-    "halves_age_fresh",
+    "halves_cross", "halves_noise_fresh", "halves_noise_stale", "halves_age_fresh",
     "halves_age_stale",
-)
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------------ estimators
@@ -124,9 +114,7 @@ class AutoReplayController:
             raise ValueError(f"min_y={min_y} must lie in [1, max_period B / R]")
         # The lowest y to plan: None keeps the floor of generating every step, B / R.
         self.min_y = min_y
-        # On-policy steps train on this many fresh rollouts (None: B): the batch of the
-        # on-policy design that auto stands in for at low mu, whose sample efficiency
-        # depends on it.
+        # On-policy steps train on this many fresh rollouts (None: B).
         if onpolicy_batch is not None and (onpolicy_batch < 1 or onpolicy_batch > capacity):
             raise ValueError(f"onpolicy_batch={onpolicy_batch} must lie in [1, capacity]")
         self.onpolicy_batch = onpolicy_batch
@@ -174,19 +162,14 @@ class AutoReplayController:
         self.credit = 1.0
         self.last_step: int | None = None
         self.last_generate = True
-        # Below B / R: the training credit (phi a step) and, on-policy, the fresh rollouts
-        # stored and not yet trained on.
-        self.train_credit = 1.0
-        self.train_step: int | None = None
-        self.last_train = True
-        self.waiting = 0
-        self.once_max_age = 0
-        # The rollouts the latest training step took (B, or the on-policy batch).
+        # Below B / R: the training credit (phi a step); on-policy, the fresh rollouts
+        # stored and not yet trained on, and the batch the latest training step took.
+        self.train_credit, self.train_step, self.last_train = 1.0, None, True
+        self.waiting = self.once_max_age = 0
         self.trained_batch = batch_size
         self.x_opt = self.y_opt = math.nan
         self.y = batch_size / rollouts_per_generation
-        self.period = 1.0
-        self.train_fraction = 1.0
+        self.period = self.train_fraction = 1.0
         self.once = False
         self.horizon = float(max(min_horizon, 1))
         self._plan()

@@ -26,7 +26,6 @@ from replax.config import sections
 from replax.config import spec as spec_lib
 from replax.core import processes, sharding
 from replax.core.config_utils import ConfigError
-from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.replay import schedules
 from replax.replay import store as replay_lib
@@ -309,50 +308,6 @@ def _kept(run: Run, split: str, source):
     return _Kept(source, skipped)
 
 
-def _warm_start(run: Run, data: Data, log, stop=None):
-    c = run.spec
-    # What the base depends on (not where it or the data are stored).
-    # The warm start trains the whole base; LoRA's adapters start on it afterwards, so the
-    # LoRA keys are neither in its model nor in its cache key.
-    base_config = lora.base_config(run.model_config)
-    key = warmstart_lib.cache_key(
-        model={
-            k: v for k, v in dataclasses.asdict(base_config).items() if k not in sections.LORA_KEYS
-        },
-        # long_prompts='error' leaves the pool as it was: bases cached before the setting
-        # existed stay valid.
-        task={
-            k: v
-            for k, v in c.task.to_dict().items()
-            if k != "data_dir" and (k, v) != ("long_prompts", "error")
-        },
-        warmstart=c.warmstart.cache_fields(),
-        seed=c.seed,
-        rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
-    )
-    params, info = warmstart_lib.warm_start(
-        model=model_lib.Transformer(base_config),
-        config=c.warmstart.config(num_train=c.task.num_train),
-        tokenizer=run.tokenizer,
-        task=run.task,
-        evaluator=data.evaluator,
-        seed=c.seed,
-        max_prompt_len=c.rollout.max_prompt_len,
-        max_new_tokens=c.rollout.max_new_tokens,
-        mesh=run.mesh,
-        rules=run.rules,
-        cache_dir=c.warmstart.cache_dir or os.path.join(run.workdir, "base"),
-        key=key,
-        log=log,
-        skip_long_prompts=c.task.long_prompts == "skip",
-        stop=stop,
-    )
-    log(
-        f"warm start: base accuracy {info['base_accuracy']:.3f} after {info['sft_steps']} SFT steps"
-    )
-    return params
-
-
 def _from_checkpoint(run: Run, data: Data, log, stop=None):
     """The Hugging Face checkpoint's weights, each read straight into its sharding."""
     from replax.hf import checkpoint as hf
@@ -369,7 +324,7 @@ def _from_checkpoint(run: Run, data: Data, log, stop=None):
 # model.init -> the starting parameters (None: a random init from the run's seed).
 INITIAL_PARAMS = {
     "random": lambda run, data, log, stop=None: None,
-    "warmstart": _warm_start,
+    "warmstart": warmstart_lib.for_run,
     "checkpoint": _from_checkpoint,
 }
 assert set(INITIAL_PARAMS) == set(sections.INITS)

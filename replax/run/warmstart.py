@@ -11,8 +11,10 @@ at a lower learning rate. The result is cached (orbax) and reused by later runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 import time
 
 import jax
@@ -22,9 +24,11 @@ import optax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from replax.config import sections
 from replax.config.sections import WarmStartConfig
 from replax.core import processes, sharding
 from replax.model import logprobs as logprobs_lib
+from replax.model import lora
 from replax.model import transformer as model_lib
 from replax.rl import train_step as train_step_lib
 from replax.run import runtime
@@ -191,6 +195,53 @@ def warm_start(
     if (warning := outside_window_line(config, info)) is not None:
         log(warning)
     return state.params, {**info, "cached": False}
+
+
+def for_run(run, data, log, stop=None):
+    """The warm-started base of a run (`replax.run.assemble.Run`) with its data
+    (`assemble.Data`: the held-out evaluator), from the cache when a run of the same base
+    made it."""
+    c = run.spec
+    # What the base depends on (not where it or the data are stored).
+    # The warm start trains the whole base; LoRA's adapters start on it afterwards, so the
+    # LoRA keys are neither in its model nor in its cache key.
+    base_config = lora.base_config(run.model_config)
+    key = cache_key(
+        model={
+            k: v for k, v in dataclasses.asdict(base_config).items() if k not in sections.LORA_KEYS
+        },
+        # long_prompts='error' leaves the pool as it was: bases cached before the setting
+        # existed stay valid.
+        task={
+            k: v
+            for k, v in c.task.to_dict().items()
+            if k != "data_dir" and (k, v) != ("long_prompts", "error")
+        },
+        warmstart=c.warmstart.cache_fields(),
+        seed=c.seed,
+        rollout=(c.rollout.max_prompt_len, c.rollout.max_new_tokens),
+    )
+    params, info = warm_start(
+        model=model_lib.Transformer(base_config),
+        config=c.warmstart.config(num_train=c.task.num_train),
+        tokenizer=run.tokenizer,
+        task=run.task,
+        evaluator=data.evaluator,
+        seed=c.seed,
+        max_prompt_len=c.rollout.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+        mesh=run.mesh,
+        rules=run.rules,
+        cache_dir=c.warmstart.cache_dir or os.path.join(run.workdir, "base"),
+        key=key,
+        log=log,
+        skip_long_prompts=c.task.long_prompts == "skip",
+        stop=stop,
+    )
+    log(
+        f"warm start: base accuracy {info['base_accuracy']:.3f} after {info['sft_steps']} SFT steps"
+    )
+    return params
 
 
 def outside_window_line(config: WarmStartConfig, info) -> str | None:

@@ -13,7 +13,7 @@ import auto_mu  # noqa: E402
 
 
 def test_each_auto_variant_is_the_default_in_auto_mode_at_its_mu_and_reuse_passes_through():
-    args = auto_mu.parse(["--workdir=W", "--mus=0.5,6", "--reuse=A,B"])
+    args = auto_mu.parse_args(["--workdir=W", "--mus=0.5,6", "--reuse=A,B"])
     argv = auto_mu.compare_argv(args, ["onpolicy", "auto_mu0.5", "auto_mu6"])
     assert "--variants=onpolicy,auto_mu0.5,auto_mu6" in argv and "--reuse=A,B" in argv
     assert "--lr_grid=onpolicy:1e-4;auto_mu0.5:1e-4;auto_mu6:1e-4" in argv
@@ -22,7 +22,7 @@ def test_each_auto_variant_is_the_default_in_auto_mode_at_its_mu_and_reuse_passe
         assert f"--override=auto_mu{mu}:replay.mode=auto" in argv
         assert f"--override=auto_mu{mu}:replay.mu={mu}" in argv
     assert not any(a.startswith("--reuse") for a in auto_mu.compare_argv(
-        auto_mu.parse(["--workdir=W"]), ["onpolicy"]))  # fmt: skip
+        auto_mu.parse_args(["--workdir=W"]), ["onpolicy"]))  # fmt: skip
 
 
 @pytest.mark.parametrize(
