@@ -117,7 +117,7 @@ class AutoReplayController:
         # On-policy steps train on this many fresh rollouts (None: B).
         if onpolicy_batch is not None and (onpolicy_batch < 1 or onpolicy_batch > capacity):
             raise ValueError(f"onpolicy_batch={onpolicy_batch} must lie in [1, capacity]")
-        self.onpolicy_batch = onpolicy_batch
+        self.onpolicy_batch = onpolicy_batch or batch_size
         self.design = design
         self.rollouts_per_generation = rollouts_per_generation
         self.batch_size = batch_size
@@ -163,10 +163,9 @@ class AutoReplayController:
         self.last_step: int | None = None
         self.last_generate = True
         # Below B / R: the training credit (phi a step); on-policy, the fresh rollouts
-        # stored and not yet trained on, and the batch the latest training step took.
+        # stored and not yet trained on.
         self.train_credit, self.train_step, self.last_train = 1.0, None, True
         self.waiting = self.once_max_age = 0
-        self.trained_batch = batch_size
         self.x_opt = self.y_opt = math.nan
         self.y = batch_size / rollouts_per_generation
         self.period = self.train_fraction = 1.0
@@ -203,14 +202,12 @@ class AutoReplayController:
         if step == self.train_step:
             return self.last_train
         incoming = self.rollouts_per_generation if self.should_generate(step) else 0
-        self.trained_batch = self.batch_size
         if self.once:
             pending = self.waiting + incoming
-            self.trained_batch = self.onpolicy_batch_size
-            train = pending >= self.trained_batch
+            train = pending >= self.onpolicy_batch
             # The oldest rollout waiting was generated this many steps ago (one a step).
             self.once_max_age = max(math.ceil(pending / self.rollouts_per_generation) - 1, 0)
-            self.waiting = pending - (self.trained_batch if train else 0)
+            self.waiting = pending - (self.onpolicy_batch if train else 0)
         else:
             train = self.train_credit >= 1.0 - 1e-9
             if train:
@@ -220,8 +217,10 @@ class AutoReplayController:
         return train
 
     @property
-    def onpolicy_batch_size(self) -> int:
-        return self.onpolicy_batch or self.batch_size
+    def trained_batch(self) -> int:
+        """The rollouts a training step takes in the current plan (it changes only when
+        the plan does, after the step is observed)."""
+        return self.onpolicy_batch if self.once else self.batch_size
 
     @property
     def draw_once(self) -> bool:

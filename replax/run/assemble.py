@@ -169,7 +169,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         donate_argnums=(0,),
     )
     add_and_sample = onpolicy_add_and_sample = make_add_and_sample(b)
-    onpolicy_b = getattr(schedule, "onpolicy_batch_size", b)
+    onpolicy_b = getattr(schedule, "onpolicy_batch", b)
     if schedule.varies_training and (spec.loss.covariance_option or onpolicy_b != b):
         # Auto mode's on-policy steps train as on-policy does, on its batch (compiled on
         # first use).

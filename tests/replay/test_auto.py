@@ -269,7 +269,7 @@ def test_the_on_policy_batch_sets_when_on_policy_steps_train_and_what_they_cost(
     (0-7 steps old); its seconds count per rollout of that batch, and its halves' noise
     (which falls as 1 / the half's size) is pooled as at B's halves."""
     controller = at_mu(0.5, onpolicy_batch=128)
-    assert controller.onpolicy_batch_size == 128 and controller.draw_once
+    assert controller.onpolicy_batch == 128 and controller.draw_once
     assert decisions(controller, 16) == [(True, s % 8 == 7, 7 if s % 8 == 7 else s % 8)
                                          for s in range(16)]  # fmt: skip
     plain = at_mu(0.5)
@@ -302,7 +302,7 @@ def test_the_on_policy_path_trains_each_rollout_once_zero_advantage_groups_inclu
 
     r, g, b, prompt_len, new_tokens = 4, 2, 8, 2, 2
     controller = at_mu(0.5, rollouts=r, batch=b, onpolicy_batch=onpolicy_batch)
-    b = controller.onpolicy_batch_size
+    b = controller.onpolicy_batch
     every = b // r
     buffer = make_replay_buffer(ReplayConfig(capacity=64, strategy="positive_bias"))
     add_and_sample = jax.jit(
