@@ -1,14 +1,15 @@
-"""Test set-up: 8 simulated CPU devices so that sharding tests run anywhere, and one
-persistent compilation cache for the scripts the tests start."""
+"""Test set-up: 8 simulated CPU devices so that sharding tests run anywhere (compiled as
+tests/xla_flags.py says), and one persistent compilation cache for the scripts the tests
+start."""
 
 import contextlib
 import os
 import shutil
 import tempfile
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+import xla_flags
+
+xla_flags.add_to_environment()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import xla_flags
 from micro_run import read, run_train
 
 from replax.rl import rollouts
@@ -74,7 +75,7 @@ def test_disjoint_without_lag_trains_exactly_as_colocated(tmp_path):
     disjoint, colocated = str(tmp_path / "disjoint"), str(tmp_path / "colocated")
     proc = run_train(disjoint, *DISJOINT, "--config.rollout.max_policy_lag=0")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    four = {"XLA_FLAGS": xla_flags.with_devices(4)}
     proc = run_train(colocated, env=four)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = read(disjoint)
@@ -94,7 +95,7 @@ def test_a_run_through_the_rollout_engine_does_not_depend_on_its_slots(tmp_path)
     )
     proc = run_train(disjoint, *DISJOINT, "--config.rollout.max_policy_lag=0", *engine(8, 3))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    four = {"XLA_FLAGS": xla_flags.with_devices(4)}
     proc = run_train(colocated, *engine(4, 1), env=four)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The behaviour log-probs agree to float32 rounding (sums in another order at another

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import xla_flags
 from micro_run import MICRO, ROOT, USER_PATH, read, run_train, strip_timing
 
 from replax.rl import scoring
@@ -278,7 +279,7 @@ def test_disjoint_placement_on_one_device_exits_2(tmp_path):
         str(workdir),
         "--config.rollout.placement=disjoint",
         "--config.train.max_steps_per_generation=1",
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+        env={"XLA_FLAGS": xla_flags.with_devices(1)},
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

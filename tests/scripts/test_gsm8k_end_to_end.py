@@ -19,6 +19,7 @@ import assets
 import jax
 import numpy as np
 import pytest
+import xla_flags
 from checkpoints import write_qwen_style_tokenizer, write_tiny_qwen25
 from micro_run import read
 
@@ -79,7 +80,7 @@ def data(checkpoint, tmp_path_factory):
     return directory
 
 
-DEVICES = "--xla_force_host_platform_device_count=4"
+DEVICES = xla_flags.with_devices(4)
 
 
 def train(workdir, checkpoint, data, *extra):

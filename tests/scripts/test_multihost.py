@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+import xla_flags
 from micro_run import MICRO, strip_timing
 
 from replax.core import lost_host
@@ -57,7 +58,7 @@ def _env(devices, **variables):
     # run that shares programs with an earlier one, load them instead of compiling again.
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags.with_devices(devices),
         JAX_PLATFORMS="cpu",
         JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
         JAX_COMPILATION_CACHE_DIR=os.environ["JAX_COMPILATION_CACHE_DIR"],
