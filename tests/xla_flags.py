@@ -1,10 +1,11 @@
 """XLA flags of the test run, for its own processes and every process a test starts.
 
-The suite's programs are tiny: compiling them costs more than running them, and most of a
-compile on CPU is LLVM's optimisation of the generated code. Without it (level 0) the
-suite takes about a fifth less time; what a program computes is the same, and every
-comparison a test makes is between runs under the same flags (or against a reference
-within a tolerance). No module may import jax before this is in the environment.
+The suite's programs are tiny, so compiling them costs more than running them, and most
+of a compile on CPU is LLVM's optimisation of the generated code: at level 0 the suite
+takes far less time (docs/reference.md, "What is and is not tested"). The programs
+compute the same values up to float rounding; every comparison a test makes is between
+runs under the same flags, or against a reference within a tolerance. conftest.py sets
+these before jax is imported.
 """
 
 import os
