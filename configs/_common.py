@@ -102,6 +102,10 @@ def rollout(
     # sampler, all R rows decoded until the longest one stops.
     r.slots = slots
     r.refill_every = refill_every
+    # After the first fill, at most this many slots take a rollout at one refill (0: every
+    # free slot; a multiple of the sampler's data shards): a refill copies that many
+    # prompt prefixes at most, rather than S.
+    r.max_admit = 0
     # Once every queued rollout has a slot, the slots halve up to this many times as the
     # last rollouts come to fit, so the tail decodes in fewer rows (1.5x the slots' cache
     # while stepping down; 0: every slot decodes to the end).

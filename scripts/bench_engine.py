@@ -1,7 +1,7 @@
 r"""The rollout engine against the static sampler, at long-tailed completion lengths.
 
   python scripts/bench_engine.py --out=engine.json [--repeats=3] [--prompts=32]
-      [--group_size=8] [--slots=64] [--refill_every=2] [--drain_halvings=2]
+      [--group_size=8] [--slots=64] [--refill_every=2] [--max_admit=0] [--drain_halvings=2]
       [--stream_generations=4] [--cpu_matmul=eigen]
 
 Both generate the same rollouts (rollout keys: each rollout draws from its own key) of the
@@ -13,8 +13,9 @@ times each after a warm-up; the figures are medians.
   one batch together), each batch decoding until its longest row stops: the same cache
   memory as the engine's. static_whole: all R rows in one batch, what the RL loop decodes
   without the engine (its cache is R rows, not S).
-- engine: `Engine.generate`, S = --slots slots refilled every --refill_every steps, halved
-  up to --drain_halvings times as the last rollouts of the call come to fit.
+- engine: `Engine.generate`, S = --slots slots refilled every --refill_every steps (at
+  most --max_admit a refill after the first fill; 0: every free slot), halved up to
+  --drain_halvings times as the last rollouts of the call come to fit.
 
 Completion lengths are long-tailed as those of reasoning tasks are: a logit bias on the
 stop token (`SamplingConfig.logit_bias`), found by bisection so that the median completion
@@ -65,6 +66,7 @@ flags.DEFINE_integer("prompts", 64, "Prompts per call.")
 flags.DEFINE_integer("group_size", 8, "Rollouts per prompt (R = prompts x group_size).")
 flags.DEFINE_integer("slots", 64, "The engine's slots; the static sampler's batch rows.")
 flags.DEFINE_integer("refill_every", 2, "The engine's refill interval, in decode steps.")
+flags.DEFINE_integer("max_admit", 0, "The most slots one refill admits (0: every free one).")
 flags.DEFINE_integer("drain_halvings", 2, "Times the engine's slots may halve at the end.")
 flags.DEFINE_float("median_frac", 0.25, "Target median completion length / cap.")
 flags.DEFINE_integer(
@@ -173,6 +175,9 @@ def main(argv):
     if FLAGS.slots < 1 or FLAGS.refill_every < 1 or FLAGS.prompts < 1 or FLAGS.group_size < 1:
         print("bench_engine: --slots, --refill_every, --prompts, --group_size must be >= 1")
         return 2
+    if not 0 <= FLAGS.max_admit <= FLAGS.slots:
+        print(f"bench_engine: --max_admit={FLAGS.max_admit}: allowed is 0 <= max_admit <= --slots")
+        return 2
     config = reference_model_config()
     model = model_lib.Transformer(config)
     dummy = jnp.zeros((1, PROMPT_LEN), jnp.int32)
@@ -206,6 +211,7 @@ def main(argv):
         sampler,
         slots=FLAGS.slots,
         refill_every=FLAGS.refill_every,
+        max_admit=FLAGS.max_admit,
         drain_halvings=FLAGS.drain_halvings,
     )
     total = FLAGS.prompts * FLAGS.group_size
@@ -310,6 +316,7 @@ def main(argv):
             "rollouts": total,
             "slots": FLAGS.slots,
             "refill_every": FLAGS.refill_every,
+            "max_admit": FLAGS.max_admit,
             "drain_halvings": FLAGS.drain_halvings,
             "prompt_len": PROMPT_LEN,
             "max_new_tokens": NEW_TOKENS,

@@ -34,6 +34,7 @@ class RolloutSection(distributions.SamplingConfig):
     max_policy_lag: int
     slots: int
     refill_every: int
+    max_admit: int
     drain_halvings: int
     stream: bool
 
@@ -42,6 +43,7 @@ class RolloutSection(distributions.SamplingConfig):
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         number("rollout.slots", self.slots, low=0, integer=True)
         number("rollout.refill_every", self.refill_every, low=1, integer=True)
+        number("rollout.max_admit", self.max_admit, low=0, integer=True)
         number("rollout.drain_halvings", self.drain_halvings, low=0, integer=True)
         one_of("rollout.placement", self.placement, sections.PLACEMENTS)
         number("rollout.num_devices", self.num_devices, low=0, integer=True)
@@ -67,6 +69,11 @@ class RolloutSection(distributions.SamplingConfig):
             f"rollout.refill_every={self.refill_every} exceeds the length cap "
             f"rollout.max_new_tokens={self.max_new_tokens}: allowed is 1 <= refill_every <= "
             f"{self.max_new_tokens}",
+        )
+        require(
+            self.max_admit <= self.slots,
+            f"rollout.max_admit={self.max_admit} exceeds rollout.slots={self.slots}: allowed "
+            f"is 0 (every free slot) or 1 <= max_admit <= {self.slots}",
         )
         require(
             self.slots <= self.rollouts,

@@ -36,6 +36,7 @@ ADDED_KEYS = {
     "rollout.max_policy_lag": 1,
     "rollout.slots": 0,
     "rollout.refill_every": 4,
+    "rollout.max_admit": 0,
     "rollout.drain_halvings": 0,
     "rollout.stream": False,
     "train.max_steps_per_generation": 1,

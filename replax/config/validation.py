@@ -333,10 +333,10 @@ def validate_rollout_batch(spec, sampler_shape, num_devices: int, processes: int
         r % split == 0, f"rollout R = prompts_per_step x group_size={r} is not divisible by {where}"
     )
     slots = spec.rollout.slots
-    require(
-        slots % split == 0,
-        f"rollout.slots={slots} is not divisible by {where}: allowed are multiples of {split}",
-    )
+    for key in ("slots", "max_admit"):  # each data shard's slots admit their share
+        value = getattr(spec.rollout, key)
+        message = f"rollout.{key}={value} is not divisible by {where}"
+        require(value % split == 0, f"{message}: allowed are multiples of {split}")
     halvings = spec.rollout.drain_halvings
     require(
         not slots or (slots % 2**halvings == 0 and (slots >> halvings) % split == 0),

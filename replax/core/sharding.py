@@ -122,6 +122,31 @@ def logical_to_spec(axes: Sequence[str | None], rules) -> PartitionSpec:
     return nn.logical_to_mesh_axes(tuple(axes), rules)
 
 
+# Logical axes of the parameters' dimensions (not of activations only).
+WEIGHT_AXES = ("embed", "heads", "kv_heads", "mlp", "vocab")
+
+
+def weight_stationary_rules(rules):
+    """`rules` with the activations' rows (`batch`) not split over the mesh axes that split
+    the weights: the rules of a decode step. A decode step's activations are kilobytes a
+    row and its weights are gigabytes: with the rows split over fsdp, every device needs
+    every weight whole and the compiler gathers each layer's into its HBM at every step.
+    With the rows whole over fsdp, each device multiplies all rows by its own shard of
+    each weight and the partial sums move instead. The KV cache keeps its own layout (its
+    constraints are outside the model call), so attention still reads each row's keys on
+    the row's device. The same rules (a tuple) when no weight axis splits the rows."""
+    rules = tuple(rules)
+    table = dict(rules)
+    split = lambda axes: (axes,) if isinstance(axes, str) else tuple(axes or ())
+    weights = {a for name in WEIGHT_AXES for a in split(table.get(name))}
+    rows = split(table.get("batch"))
+    kept = tuple(a for a in rows if a not in weights)
+    if kept == rows:
+        return rules
+    new = kept if len(kept) > 1 else (kept[0] if kept else None)
+    return tuple((name, new if name == "batch" else axes) for name, axes in rules)
+
+
 def named(mesh: Mesh, axes: Sequence[str | None], rules) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(axes, rules))
 

@@ -7,15 +7,13 @@ One module serves learning and sampling:
     is the step forward used by the sampler: it writes the new keys and values into
     the KV cache at `cache_index` and attends to every valid cache slot up to its own.
 
-Every parameter and the main activations carry logical axis names (batch, length,
-embed, heads, kv_heads, head_dim, mlp, vocab, and layers for scanned params);
-`replax.core.sharding` maps them to mesh axes through a rule table, so sharding is
-configuration, not code.
+Parameters and the main activations carry logical axis names (batch, length, embed,
+heads, kv_heads, head_dim, mlp, vocab; layers for scanned params) that a rule table maps
+to mesh axes (`replax.core.sharding`): sharding is configuration, not code.
 
-Layers are unrolled (params `layer_0`, `layer_1`, ...) or, with `scan_layers`, one
-`nn.scan` over a single Block whose params (`layers/...`) carry a leading [num_layers]
-axis: one layer is compiled instead of num_layers. `stack_layers` / `unstack_layers`
-convert params between the two. `remat_policy` recomputes each Block's activations in the
+Layers are unrolled (`layer_0`, `layer_1`, ...) or, with `scan_layers`, one `nn.scan` over a
+Block whose params (`layers/...`) carry a leading [num_layers] axis (`stack_layers` and
+`unstack_layers` convert). `remat_policy` recomputes each Block's activations in the
 backward pass; `attention` picks the kernel (`replax.model.attention`).
 """
 
@@ -123,6 +121,8 @@ class Attention(nn.Module):
             out = attention.einsum_attention(q, k, v, attn_mask)  # [B, T, H, D]
         else:
             out = attention.dot_product_attention(q, k, v, attn_mask)
+        # Rows' layout: under decode's weight-stationary rules the rows move, not wo.
+        out = layers_lib.constrain(out, ("batch", "length", "heads", "head_dim"))
         out = layers_lib.project(
             self, "o", out, wo, ("heads", "head_dim"), ("embed",), cfg
         )  # [B, T, E]

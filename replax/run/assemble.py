@@ -190,7 +190,12 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         **r.numerics(),
     )
     if r.slots:  # the engine stands where the sampler does, with its rollouts
-        engine = dict(slots=r.slots, refill_every=r.refill_every, drain_halvings=r.drain_halvings)
+        engine = dict(
+            slots=r.slots,
+            refill_every=r.refill_every,
+            drain_halvings=r.drain_halvings,
+            max_admit=r.max_admit,
+        )
         sampler = engine_lib.make_engine(sampler, **engine)
     return Run(
         spec=spec,

@@ -21,8 +21,10 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
+from replax.core import sharding
 from replax.model import attention, layers
 from replax.model import transformer as model_lib
 from replax.model.logprobs import mask_vocab
@@ -81,7 +83,13 @@ def step_logits(model: model_lib.Transformer, params, head, tokens, positions, *
     """(fp32 logits [B, T, V], cache) of a cached model call through `decode_head`'s
     head: computed split by vocabulary (the rows' final states [B, T, E] are kilobytes
     to gather), then split by rows for sampling (each row's V logits to its device)."""
-    hidden, cache = model.apply({"params": params}, tokens, positions, return_hidden=True, **cached)
+    # Under the weight-stationary rules: the rows' activations whole over the axes that
+    # split the weights, so no weight is gathered (the cache stays split by rows).
+    rules = sharding.weight_stationary_rules(nn.get_logical_axis_rules())
+    with nn.logical_axis_rules(rules):
+        hidden, cache = model.apply(
+            {"params": params}, tokens, positions, return_hidden=True, **cached
+        )
     logits = layers.dense(hidden, head).astype(jnp.float32)  # [B, T, V]
     axes = vocab_axes(head.shape[1])
     if axes is None:

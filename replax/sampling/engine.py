@@ -16,6 +16,8 @@ already finished. The engine keeps S slots decoding instead. When a slot's rollo
   stopped); between chunks, finished slots hand their completion to the output table and
   take the next queued rollouts. Prefill, chunks and refills are one compiled program: no
   host round trip per token or per chunk, static shapes, one compile per shape.
+- The first fill admits every slot; a later refill at most `max_admit` (0: every free
+  one). A refill's prefix copies are bounded by it, and a few slots free up every K steps.
 - What a rollout is does not depend on its slot: rollout i draws its tokens from its own
   key, fold_in(rng, i) (`decode.rollout_uniforms`), and attends only to its own cache
   rows. It equals the rollout the static sampler generates with `rollout_keys=True`,
@@ -53,12 +55,15 @@ class Engine:
     `generate` takes what `Sampler.generate` takes and returns the same SampleOutput, the
     rollouts being those of `Sampler.generate(..., rollout_keys=True)`."""
 
-    def __init__(self, sampler, *, slots: int, refill_every: int, drain_halvings: int = 0):
-        _check(sampler, slots, refill_every, drain_halvings)
+    def __init__(
+        self, sampler, *, slots: int, refill_every: int, drain_halvings: int = 0, max_admit=0
+    ):
+        _check(sampler, slots, refill_every, drain_halvings, max_admit)
         self.sampler = sampler
         self.slots = int(slots)
         self.refill_every = int(refill_every)
         self.drain_halvings = int(drain_halvings)
+        self.max_admit = int(max_admit)
         self.max_new_tokens = sampler.max_new_tokens
         self.stop_ids, self.pad_id = sampler.stop_ids, sampler.pad_id
         self.mesh, self.rules = sampler.mesh, sampler.rules
@@ -73,6 +78,7 @@ class Engine:
             cache_dtype=sampler._cache_dtype,
             data_shards=sampler.data_shards,
             drain_halvings=self.drain_halvings,
+            max_admit=self.max_admit,
         )
         traced = functools.partial(generation.run, settings=self.settings)
         if self.mesh is None:
@@ -229,7 +235,7 @@ class Engine:
         return getattr(self.sampler, name)
 
 
-def _check(sampler, slots, refill_every, drain_halvings) -> None:
+def _check(sampler, slots, refill_every, drain_halvings, max_admit) -> None:
     for name, value in (("rollout.slots", slots), ("rollout.refill_every", refill_every)):
         if not (isinstance(value, int | np.integer) and value >= 1):
             raise ValueError(f"{name}={value}: allowed is an integer >= 1")
@@ -244,14 +250,31 @@ def _check(sampler, slots, refill_every, drain_halvings) -> None:
             f"rollout.slots={slots} is not divisible by the sampler's {sampler.data_shards} "
             "data shards: allowed are multiples of them"
         )
+    shards = sampler.data_shards
+    if not (isinstance(max_admit, int | np.integer) and 0 <= max_admit <= slots) or (
+        max_admit % shards
+    ):
+        raise ValueError(
+            f"rollout.max_admit={max_admit}: allowed is 0 (every free slot) or a multiple of "
+            f"the sampler's {shards} data shards up to rollout.slots={slots}"
+        )
     if not isinstance(drain_halvings, int | np.integer):
         raise ValueError(f"rollout.drain_halvings={drain_halvings}: allowed is an integer >= 0")
     generation.drain_sizes(slots, drain_halvings, sampler.data_shards)
 
 
-def make_engine(sampler, *, slots: int, refill_every: int = 4, drain_halvings: int = 0) -> Engine:
+def make_engine(
+    sampler, *, slots: int, refill_every: int = 4, drain_halvings: int = 0, max_admit: int = 0
+) -> Engine:
     """Validates the settings and returns an `Engine` of `slots` decoding slots that
-    refill every `refill_every` decode steps, over the sampler's model and settings; once
-    its queue is empty the slots halve up to `drain_halvings` times as the last rollouts
-    come to fit (`replax.sampling.generation.drain`)."""
-    return Engine(sampler, slots=slots, refill_every=refill_every, drain_halvings=drain_halvings)
+    refill every `refill_every` decode steps, at most `max_admit` of them at a refill after
+    the first fill (0: every free one), over the sampler's model and settings; once its
+    queue is empty the slots halve up to `drain_halvings` times as the last rollouts come
+    to fit (`replax.sampling.generation.drain`)."""
+    return Engine(
+        sampler,
+        slots=slots,
+        refill_every=refill_every,
+        drain_halvings=drain_halvings,
+        max_admit=max_admit,
+    )

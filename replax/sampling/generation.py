@@ -27,6 +27,7 @@ from replax.sampling.slots import (
     empty_table,
     harvest,
     prefill_queue,
+    refill,
 )
 
 
@@ -122,13 +123,14 @@ def run(
         stats = jax.tree_util.tree_map(jnp.add, stats, new)
         return state, table, next_rollout, stats
 
+    # The FIRST FILL admits every slot; later refills at most `max_admit` (their copies
+    # bounded by it), as a few slots free up every K steps.
     zero = jnp.zeros((), jnp.int32)
-    carry = (
-        empty_slots(settings, p),
-        empty_table(total, settings),
-        zero,
-        EngineStats(zero, zero, zero, zero),
+    state, next_rollout, admitted = refill(
+        empty_slots(settings, p), queue, zero, total, num_samples, settings, settings.slots
     )
+    stats = EngineStats(zero, zero, admitted.astype(jnp.int32), zero)
+    carry = (state, empty_table(total, settings), next_rollout, stats)
     state, table, _, stats = jax.lax.while_loop(more, body, carry)
     if settings.drain_halvings:
         state, table, stats = drain(params, head, state, table, stats, sampling, settings)

@@ -95,6 +95,9 @@ class Settings:
     cache_dtype: Any
     data_shards: int
     drain_halvings: int = 0  # see `drain`
+    # At most this many slots take a rollout at one refill (0: every free slot); a
+    # multiple of the data shards, each shard admitting its share. See `refill`.
+    max_admit: int = 0
 
 
 def prefill_queue(params, prompt_ids, prompt_mask, rng, first_rollout, num_samples, settings):
@@ -167,11 +170,12 @@ def harvest(state: Slots, table, settings: Settings):
     return state.replace(rollout=jnp.where(finished, -1, state.rollout)), table
 
 
-def _copy_admitted(cache, prefix, take, prompt):
+def _copy_admitted(cache, prefix, take, prompt, limit):
     """Each admitted slot's cache (leaves [.., S, KV, C, D], slot axis -4) takes its
     prompt's prefix (leaves [B, .., KV, P - 1, D]) in its first P - 1 positions, written
     in place one admitted slot at a time: the other slots' caches are not touched (a
-    select over every slot would read and write all their prefixes each refill)."""
+    select over every slot would read and write all their prefixes each refill). At most
+    `limit` (static) slots are admitted: the copy loop's bound."""
     order = jnp.argsort(~take, stable=True)  # the admitted slots first
     count = jnp.sum(take, dtype=jnp.int32)
     # Slot-major while copying, the order the TPU compiler lays the decoder's cache out in.
@@ -189,40 +193,53 @@ def _copy_admitted(cache, prefix, take, prompt):
 
         return jax.tree_util.tree_map(one, cache, prefix)
 
-    # A static bound (S) with the slots past `count` skipped keeps the loop countable.
+    # A static bound with the slots past `count` skipped keeps the loop countable.
     body = lambda i, cache: jax.lax.cond(i < count, lambda c: put(i, c), lambda c: c, cache)
-    cache = jax.lax.fori_loop(0, take.shape[0], body, cache)
+    cache = jax.lax.fori_loop(0, limit, body, cache)
     return layer_major(cache)
 
 
-def _copy_admitted_on_mesh(cache, prefix, take, prompt, settings: Settings):
+def _copy_admitted_on_mesh(cache, prefix, take, prompt, limit, settings: Settings):
     """`_copy_admitted` where the slots are split over data shards: each device copies into
     its own slots, in place, under `shard_map` (a dynamic slot index on a split axis would
     make the partitioner gather every slot's cache). The prefix table is whole on every
     device along its prompt axis, so any slot may take any prompt."""
     mesh = jax.sharding.get_abstract_mesh()
     if settings.data_shards == 1 or mesh.empty:
-        return _copy_admitted(cache, prefix, take, prompt)
+        return _copy_admitted(cache, prefix, take, prompt, limit)
     spec = sharding.logical_to_spec(
         model_lib.cache_axes(settings.model.config), nn.get_logical_axis_rules()
     )
     # Whole along the length (if a rule splits it), as the prefix fills its first P - 1.
     spec = P(*spec[:-2], None, spec[-1])
     slots, prefix_spec = spec[-4], P(None, *spec[:-4], *spec[-3:])
+    copy = lambda *args: _copy_admitted(*args, limit // settings.data_shards)
     return jax.shard_map(
-        _copy_admitted,
+        copy,
         mesh=mesh,
         in_specs=(spec, prefix_spec, P(slots), P(slots)),
         out_specs=spec,
     )(cache, prefix, take, prompt)
 
 
-def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings):
+def admission_limit(settings: Settings) -> int:
+    """The most slots one refill of the decode loop admits (`Settings.max_admit`)."""
+    return settings.max_admit or settings.slots
+
+
+def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, settings, limit=None):
     """Free slots take the next queued rollouts in order: entries next_rollout ... (while
     < num_queued; entry e at row e mod the queue's rollouts), each copying its prompt's
-    prefix into the slot's cache. Returns (slots, next_rollout, whether any was
+    prefix into the slot's cache. At most `limit` slots are admitted (None:
+    `admission_limit`), an equal share of them in each data shard's slots: the refill's
+    copies are bounded by it, not by S. Returns (slots, next_rollout, whether any was
     admitted)."""
+    s, shards = settings.slots, settings.data_shards
+    limit = admission_limit(settings) if limit is None else limit
     free = state.done & (state.rollout < 0)
+    if limit < s:  # the first free slots of each shard, up to its share
+        rank = jnp.cumsum(free.reshape(shards, s // shards).astype(jnp.int32), axis=1)
+        free = free & (rank.reshape(s) <= limit // shards)
     new = next_rollout + jnp.cumsum(free.astype(jnp.int32)) - 1
     take = free & (new < num_queued)
     new = jnp.where(take, new, 0)
@@ -234,7 +251,7 @@ def refill(state: Slots, queue: Queue, next_rollout, num_queued, num_samples, se
     # the slots' cache made whole copies of it (most refills admit some slot anyway).
     cache = state.cache
     if queue.prefix is not None:
-        cache = _copy_admitted_on_mesh(cache, queue.prefix, take, prompt, settings)
+        cache = _copy_admitted_on_mesh(cache, queue.prefix, take, prompt, limit, settings)
     pick = lambda new_value, old: jnp.where(
         take.reshape((-1,) + (1,) * (old.ndim - 1)), new_value, old
     )

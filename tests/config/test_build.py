@@ -49,6 +49,8 @@ BAD_SETTINGS = [
     ({"rollout.slots": 4}, "rollout.slots=4 is not divisible by the 8 data shards"),
     ({"rollout.slots": 8, "rollout.refill_every": 200}, "rollout.refill_every=200 exceeds"),
     ({"rollout.slots": -1}, "rollout.slots=-1"),
+    ({"rollout.slots": 8, "rollout.max_admit": 16}, "rollout.max_admit=16 exceeds rollout.slots"),
+    ({"rollout.slots": 8, "rollout.max_admit": 4}, "rollout.max_admit=4 is not divisible by the 8"),
     # 8 slots over 8 data shards cannot halve: 4 slots would not split over them.
     ({"rollout.slots": 8, "rollout.drain_halvings": 1}, "rollout.drain_halvings=1: rollout.slots"),
     ({"rollout.drain_halvings": -1}, "rollout.drain_halvings=-1"),

@@ -226,6 +226,7 @@ BOUNDS = [
     ("replay", "capacity", 1, 0, "> 0"),
     ("rollout", "slots", 0, -1, "an integer >= 0"),
     ("rollout", "refill_every", 1, 0, "an integer >= 1"),
+    ("rollout", "max_admit", 0, -1, "an integer >= 0"),
     ("rollout", "drain_halvings", 0, -1, "an integer >= 0"),
     ("replay", "delta", 1.0, 1.5, ">= 0 and <= 1"),
     ("replay", "delta", 0.0, -0.1, ">= 0 and <= 1"),

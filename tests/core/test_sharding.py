@@ -189,3 +189,21 @@ def test_jit_state_step_keeps_state_shardings_and_donates_the_state():
     assert out["batch_sum"].sharding.is_fully_replicated
     assert old_w.is_deleted()  # donated to the first call
     assert run.jitted._cache_size() == 1
+
+
+def test_weight_stationary_rules_keep_the_rows_whole_over_the_weights_axes():
+    """A decode step's rules: the rows no longer split over fsdp (which splits the
+    weights' embedding), still over data; every other rule as it was."""
+    ws = sharding.weight_stationary_rules(RULES)
+    assert dict(ws)["batch"] == "data"
+    assert {k: v for k, v in ws if k != "batch"} == {k: v for k, v in RULES if k != "batch"}
+    # No weight split over the rows' axes: the same rules.
+    replicated = tuple((k, None if k == "embed" else v) for k, v in RULES)
+    assert sharding.weight_stationary_rules(replicated) == replicated
+    # Rows over fsdp alone, the weights over fsdp too: the rows whole.
+    fsdp_rows = tuple((k, "fsdp" if k == "batch" else v) for k, v in RULES)
+    assert dict(sharding.weight_stationary_rules(fsdp_rows))["batch"] is None
+    # Tensor-parallel weights take tensor off the rows as well.
+    wide = tuple((k, ("data", "fsdp", "tensor") if k == "batch" else v) for k, v in RULES)
+    assert dict(sharding.weight_stationary_rules(wide))["batch"] == "data"
+    assert sharding.weight_stationary_rules(()) == ()

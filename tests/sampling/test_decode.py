@@ -7,6 +7,7 @@ sampler over one segment: filters, left padding, meshes, compilations.)"""
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -270,3 +271,54 @@ def test_row_blocks_draw_the_whole_batchs_random_numbers(params):
     # Each prompt's two samples differ: each row draws its own random numbers.
     assert all((whole.tokens[2 * i] != whole.tokens[2 * i + 1]).any() for i in range(4))
     assert (whole.tokens < VOCAB).all()
+
+
+def test_a_decode_step_on_an_fsdp_mesh_moves_rows_not_weights():
+    """On a mesh that splits the weights over fsdp (1, 8, 1), a decode step keeps every
+    weight on its devices (the weight-stationary rules): what it gathers is the rows'
+    activations, never a weight matrix, and its logits are the unsharded step's."""
+    from replax.core import sharding
+
+    cfg = dataclasses.replace(CONFIG, d_model=256, mlp_dim=1024, num_heads=8, num_kv_heads=8)
+    cfg = dataclasses.replace(cfg, head_dim=32, scan_layers=True)
+    model = model_lib.Transformer(cfg)
+    params = numpy_params(model, 0, scale=0.3)
+    rows, cache_len = 16, 24
+    rng = np.random.default_rng(0)
+    cache = jax.tree_util.tree_map(
+        lambda x: rng.normal(size=x.shape).astype(np.float32),
+        model_lib.init_cache(cfg, rows, cache_len, jnp.float32),
+    )
+    tokens = rng.integers(0, VOCAB, (rows, 1)).astype(np.int32)
+    index = rng.integers(0, cache_len, rows).astype(np.int32)
+    kv_mask = np.arange(cache_len)[None] <= index[:, None]
+
+    def step(params, cache, tokens, index, kv_mask):
+        head = decode_lib.decode_head(params, cfg)
+        logits, _ = decode_lib.step_logits(
+            model, params, head, tokens, tokens, cache=cache, cache_index=index, kv_mask=kv_mask
+        )
+        return logits
+
+    expected = jax.jit(step)(params, cache, tokens, index, kv_mask)
+    mesh, rules = sharding.make_mesh((1, 8, 1)), sharding.validate_rules(sharding.DEFAULT_RULES)
+    with sharding.activation_rules(mesh, rules):
+        put = lambda tree, shardings: jax.device_put(tree, shardings)
+        ids = jnp.zeros((1, 1), jnp.int32)
+        abstract = jax.eval_shape(model.init, jax.random.key(0), ids, ids)
+        params = put(params, sharding.params_shardings(mesh, abstract, rules)["params"])
+        assert tuple(params["embedding"].sharding.spec) == ("tensor", "fsdp")  # split over fsdp
+        cache = put(cache, sharding.named(mesh, model_lib.cache_axes(cfg), rules))
+        row = lambda ndim: sharding.named(mesh, ("batch",) + (None,) * (ndim - 1), rules)
+        args = [put(x, row(x.ndim)) for x in (tokens, index, kv_mask)]
+        jitted = jax.jit(step)
+        text = jitted.lower(params, cache, *args).compile().as_text()
+        logits = jitted(params, cache, *args)
+    np.testing.assert_allclose(logits, expected, atol=2e-5, rtol=2e-5)
+    gathered = [
+        int(np.prod([int(d) for d in dims.split(",") if d]))
+        for dims in re.findall(r"= \w+\[([\d,]*)\]\{[^}]*\} all-gather", text)
+    ]
+    # Splitting the rows over fsdp instead gathers every [256, 1024] MLP matrix each step.
+    smallest_weight = cfg.d_model * cfg.num_heads * cfg.head_dim
+    assert gathered and max(gathered) < smallest_weight, gathered

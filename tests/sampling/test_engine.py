@@ -95,8 +95,17 @@ def test_every_rollout_equals_the_same_rollout_alone(params, reference):
     lengths = reference["lengths"]
     # The setting exercises what it should: stops at several lengths, and the cap.
     assert len(set(lengths.tolist())) >= 3 and lengths.max() == NEW_TOKENS and lengths.min() < 4
-    for slots, refill_every in ((1, 1), (3, 2), (5, NEW_TOKENS), (16, 3)):
-        engine = engine_lib.make_engine(sampler, slots=slots, refill_every=refill_every)
+    # (S, K, max_admit): at most 2 of 5 slots take a rollout at a refill after the first.
+    for slots, refill_every, admit in (
+        (1, 1, 0),
+        (3, 2, 0),
+        (5, NEW_TOKENS, 0),
+        (16, 3, 0),
+        (5, 1, 2),
+    ):
+        engine = engine_lib.make_engine(
+            sampler, slots=slots, refill_every=refill_every, max_admit=admit
+        )
         out, stats = engine.generate_with_stats(
             params, ids, mask, jax.random.key(RNG), num_samples=G
         )
@@ -133,15 +142,19 @@ def test_the_engine_equals_the_static_sampler_at_temperature_one(params):
     )
 
 
-@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 2)])
-def test_on_a_mesh_the_rollouts_are_those_alone(params, reference, mesh_shape):
+@pytest.mark.parametrize(
+    "mesh_shape, slots, admit", [((2, 2, 2), 4, 0), ((1, 1, 2), 4, 0), ((2, 2, 2), 8, 4)]
+)
+def test_on_a_mesh_the_rollouts_are_those_alone(params, reference, mesh_shape, slots, admit):
     """On (2, 2, 2) the slots split over the 4 data shards (each device refills its own
     slots under shard_map, the kv heads split over the tensor axis); on the
     tensor-parallel (1, 1, 2) every device holds every slot. Either way a refill writes
-    only the admitted slots' prefixes. Prompts and the prefix table stay whole."""
+    only the admitted slots' prefixes (with max_admit 4 on 4 shards: one a shard). Prompts
+    and the prefix table stay whole."""
     ids, mask = prompts()
     mesh = sharding.make_mesh(mesh_shape, devices=jax.devices()[: np.prod(mesh_shape)])
-    engine = engine_lib.make_engine(make(mesh=mesh, **TOP_P), slots=4, refill_every=2)
+    sampler = make(mesh=mesh, **TOP_P)
+    engine = engine_lib.make_engine(sampler, slots=slots, refill_every=2, max_admit=admit)
     out = engine.generate(params, ids, mask, jax.random.key(RNG), num_samples=G)
     assert len(out.tokens.sharding.device_set) == np.prod(mesh_shape)
     assert_same(out, reference)
@@ -193,10 +206,15 @@ def test_a_second_call_compiles_nothing(params):
         (4, 0, None, r"rollout\.refill_every=0: allowed is an integer >= 1"),
         (4, NEW_TOKENS + 1, None, r"rollout\.refill_every=13 exceeds the length cap"),
         (6, 1, (2, 2, 2), r"rollout\.slots=6 is not divisible by the sampler's 4 data shards"),
+        (4, 1, None, r"rollout\.max_admit=5: allowed is 0 \(every free slot\) or a multiple"),
+        (8, 1, (2, 2, 2), r"rollout\.max_admit=5: allowed is .* multiple of the sampler's 4 data"),
     ],
 )
 def test_bad_settings_are_refused_in_one_line(slots, refill_every, mesh_shape, match):
     mesh = None if mesh_shape is None else sharding.make_mesh(mesh_shape)
+    admit = 5 if "max_admit" in match else 0
     with pytest.raises(ValueError, match=match) as error:
-        engine_lib.make_engine(make(mesh=mesh), slots=slots, refill_every=refill_every)
+        engine_lib.make_engine(
+            make(mesh=mesh), slots=slots, refill_every=refill_every, max_admit=admit
+        )
     assert "\n" not in str(error.value)

@@ -79,3 +79,24 @@ def test_harvest_writes_a_stopped_slot_to_its_row_and_frees_it():
     state, next_rollout, _ = slots_lib.refill(state, queue, 3, 4, G, SETTINGS)
     np.testing.assert_array_equal(state.rollout, [0, 3, 2])
     assert int(next_rollout) == 4 and int(state.step[1]) == 0
+
+
+def test_a_refill_admits_at_most_max_admit_an_equal_share_in_each_data_shard():
+    """4 slots over 2 data shards, max_admit 2: each refill takes the first free slot of
+    each shard (the next queue entries in slot order); the rest wait for the next refill.
+    An explicit limit (the first fill's: every slot) overrides it."""
+    params, queue = setup()
+    settings = dataclasses.replace(SETTINGS, slots=4, data_shards=2, max_admit=2)
+    state = slots_lib.empty_slots(settings, P)
+    state, next_rollout, _ = slots_lib.refill(state, queue, 0, 4, G, settings)
+    np.testing.assert_array_equal(state.rollout, [0, -1, 1, -1])
+    assert int(next_rollout) == 2
+    state, next_rollout, _ = slots_lib.refill(state, queue, next_rollout, 4, G, settings)
+    np.testing.assert_array_equal(state.rollout, [0, 2, 1, 3])
+    for slot, prompt in enumerate([0, 1, 0, 1]):  # rollouts 0, 2, 1, 3
+        np.testing.assert_array_equal(
+            state.cache[0]["k"][slot, :, : P - 1], queue.prefix[0]["k"][prompt]
+        )
+    state = slots_lib.empty_slots(settings, P)
+    state, next_rollout, _ = slots_lib.refill(state, queue, 0, 4, G, settings, limit=4)
+    np.testing.assert_array_equal(state.rollout, [0, 1, 2, 3])
