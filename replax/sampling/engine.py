@@ -56,7 +56,13 @@ class Engine:
     rollouts being those of `Sampler.generate(..., rollout_keys=True)`."""
 
     def __init__(
-        self, sampler, *, slots: int, refill_every: int, drain_halvings: int = 0, max_admit=0
+        self,
+        sampler,
+        *,
+        slots: int,
+        refill_every: int,
+        drain_halvings: int = 0,
+        max_admit: int = 0,
     ):
         _check(sampler, slots, refill_every, drain_halvings, max_admit)
         self.sampler = sampler

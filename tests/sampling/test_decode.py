@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import TINY, numpy_params
 
+from replax.core import sharding
 from replax.model import transformer as model_lib
 from replax.sampling import decode as decode_lib
 from replax.sampling.distributions import SamplingConfig
@@ -277,8 +278,6 @@ def test_a_decode_step_on_an_fsdp_mesh_moves_rows_not_weights():
     """On a mesh that splits the weights over fsdp (1, 8, 1), a decode step keeps every
     weight on its devices (the weight-stationary rules): what it gathers is the rows'
     activations, never a weight matrix, and its logits are the unsharded step's."""
-    from replax.core import sharding
-
     cfg = dataclasses.replace(CONFIG, d_model=256, mlp_dim=1024, num_heads=8, num_kv_heads=8)
     cfg = dataclasses.replace(cfg, head_dim=32, scan_layers=True)
     model = model_lib.Transformer(cfg)

@@ -200,19 +200,18 @@ def test_a_second_call_compiles_nothing(params):
 
 
 @pytest.mark.parametrize(
-    "slots, refill_every, mesh_shape, match",
+    "slots, refill_every, admit, mesh_shape, match",
     [
-        (0, 1, None, r"rollout\.slots=0: allowed is an integer >= 1"),
-        (4, 0, None, r"rollout\.refill_every=0: allowed is an integer >= 1"),
-        (4, NEW_TOKENS + 1, None, r"rollout\.refill_every=13 exceeds the length cap"),
-        (6, 1, (2, 2, 2), r"rollout\.slots=6 is not divisible by the sampler's 4 data shards"),
-        (4, 1, None, r"rollout\.max_admit=5: allowed is 0 \(every free slot\) or a multiple"),
-        (8, 1, (2, 2, 2), r"rollout\.max_admit=5: allowed is .* multiple of the sampler's 4 data"),
+        (0, 1, 0, None, r"rollout\.slots=0: allowed is an integer >= 1"),
+        (4, 0, 0, None, r"rollout\.refill_every=0: allowed is an integer >= 1"),
+        (4, NEW_TOKENS + 1, 0, None, r"rollout\.refill_every=13 exceeds the length cap"),
+        (6, 1, 0, (2, 2, 2), r"rollout\.slots=6 is not divisible by the sampler's 4 data shards"),
+        (4, 1, 5, None, r"rollout\.max_admit=5: allowed is 0 \(every free slot\) or a multiple"),
+        (8, 1, 5, (2, 2, 2), r"rollout\.max_admit=5: allowed is .* multiple of the sampler's 4"),
     ],
 )
-def test_bad_settings_are_refused_in_one_line(slots, refill_every, mesh_shape, match):
+def test_bad_settings_are_refused_in_one_line(slots, refill_every, admit, mesh_shape, match):
     mesh = None if mesh_shape is None else sharding.make_mesh(mesh_shape)
-    admit = 5 if "max_admit" in match else 0
     with pytest.raises(ValueError, match=match) as error:
         engine_lib.make_engine(
             make(mesh=mesh), slots=slots, refill_every=refill_every, max_admit=admit
