@@ -46,6 +46,11 @@ class Model(NamedTuple):
     pod_fsdp: int
     # Appended to the task instruction (Qwen3's soft switch to turn thinking off).
     instruction_suffix: str = ""
+    # On a host, decode tensor-parallel over this many chips (sampler mesh (-1, 1, t): the
+    # weights and the KV cache split by head, never gathered); 1 decodes on the training
+    # mesh. Where the fsdp layout's decode step moves more than 1.3x the bytes it must
+    # read: the 7B's partial sums, Qwen3-1.7B's 2,048-position cache (docs/tpu.md).
+    host_decode_tensor: int = 1
 
 
 def _qwen2(vocab, d_model, layers, heads, kv_heads, mlp, tie):
@@ -116,10 +121,17 @@ MODELS = {
         "Qwen/Qwen2.5-1.5B-Instruct", _qwen2(151_936, 1536, 28, 12, 2, 8960, True), 8, 2e-6, 8
     ),
     "qwen2.5-7b-instruct": Model(
-        "Qwen/Qwen2.5-7B-Instruct", _qwen2(152_064, 3584, 28, 28, 4, 18944, False), 16, 1e-6, 16
+        "Qwen/Qwen2.5-7B-Instruct",
+        _qwen2(152_064, 3584, 28, 28, 4, 18944, False),
+        16,
+        1e-6,
+        16,
+        host_decode_tensor=4,
     ),
     "qwen3-0.6b": Model("Qwen/Qwen3-0.6B", _qwen3(1024, 28, 3072), 8, 3e-6, 4, _NO_THINK),
-    "qwen3-1.7b": Model("Qwen/Qwen3-1.7B", _qwen3(2048, 28, 6144), 8, 2e-6, 8, _NO_THINK),
+    "qwen3-1.7b": Model(
+        "Qwen/Qwen3-1.7B", _qwen3(2048, 28, 6144), 8, 2e-6, 8, _NO_THINK, host_decode_tensor=8
+    ),
     "llama-3.2-1b-instruct": Model("meta-llama/Llama-3.2-1B-Instruct", _LLAMA_3_2_1B, 8, 2e-6, 8),
 }
 ALGORITHMS = ("replay", "onpolicy")
@@ -251,6 +263,8 @@ def get_config(
         mesh_shape=(-1, model.pod_fsdp, 1) if pod else (1, -1, 1),
         num_microbatches={"host": 8, "chip": 32, "pod": 4}[variant["hardware"]],
     )
+    if variant["hardware"] == "host" and model.host_decode_tensor > 1:
+        c.rollout.mesh_shape = (-1, 1, model.host_decode_tensor)
     if chip:
         # One 16 GiB chip (Colab's v5e-1) holds the 0.5B's float32 weights and Adam state
         # only with the moments in bfloat16, 8 sequences a microbatch and 128-position

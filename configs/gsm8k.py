@@ -27,7 +27,9 @@ Variants (comma-separated parts, any order; defaults qwen2.5-1.5b-instruct, repl
   on a host). Prompts up to 512 tokens, completions up to 512, temperature 1.
   host (default): one TPU host, mesh (1, -1, 1) over its chips (a v5e-8's 16 GB chips
   hold the parameters and Adam state of up to the 1.7B models; the 7B needs a host with
-  more memory, e.g. v5p-8 or v6e-8, or `pod`); pod: a pod slice, mesh (-1, fsdp, 1).
+  more memory, e.g. v5p-8 or v6e-8, or `pod`); on a host the 7B and Qwen3-1.7B decode
+  tensor-parallel, rollout.mesh_shape (-1, 1, 4) and (-1, 1, 8): their decode steps then
+  move about the bytes they must read (docs/tpu.md); pod: a pod slice, mesh (-1, fsdp, 1).
   TPU targets, compiled for by scripts/tpu_compile.py (docs/tpu.md): host on a v5e-8
   (--topology=v5e:2x4; the 7B on a v5p-8, v5p:2x2x1); chip (the 0.5B on one 16 GiB chip,
   Colab's v5e-1: 32 microbatches, Adam's moments in bfloat16) on v5e:1x1; pod on a

@@ -122,6 +122,25 @@ def data_files(tmp_path_factory):
     return directory
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_host_decodes_tensor_parallel_where_the_model_says(model):
+    """A host variant decodes over (-1, 1, t) when its model names t, a width that splits
+    the real model's query and kv heads; the pod and chip variants decode on their own
+    training mesh."""
+    t = real_models.MODELS[model].host_decode_tensor
+    arch = real_models.MODELS[model].architecture
+    for name in ("gsm8k", "math"):
+        host = load(name, f"{model},host")
+        assert host.rollout.mesh_shape == ((-1, 1, t) if t > 1 else ())
+        assert arch["num_kv_heads"] % t == 0 and arch["num_heads"] % t == 0
+        for hardware in ("pod",) + (("chip",) if model == "qwen2.5-0.5b-instruct" else ()):
+            assert load(name, f"{model},{hardware}").rollout.mesh_shape == ()
+    assert {m for m in MODELS if real_models.MODELS[m].host_decode_tensor > 1} == {
+        "qwen2.5-7b-instruct",
+        "qwen3-1.7b",
+    }
+
+
 @pytest.mark.parametrize("name, variant", VARIANTS)
 def test_every_variant_passes_the_config_checks(name, variant, checkpoint, data_files):
     c = load(name, variant)
@@ -131,6 +150,8 @@ def test_every_variant_passes_the_config_checks(name, variant, checkpoint, data_
     c.task.data_path = str(DATA / f"{name}_tiny.jsonl")
     if variant.endswith("pod"):
         fit_mesh(c)
+    if c.rollout.mesh_shape:  # the tiny checkpoint's one kv head splits over no chips
+        c.rollout.mesh_shape = (-1, 1, 1)
     # The build step counts the file's problems against a step's and the evaluation's.
     with pytest.raises(ConfigError, match=r"is more than the \d+ (train|held-out) examples"):
         configuration.validate(c)
