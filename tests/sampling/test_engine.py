@@ -160,12 +160,13 @@ def test_on_a_mesh_the_rollouts_are_those_alone(params, reference, mesh_shape, s
     assert_same(out, reference)
 
 
-@pytest.mark.parametrize("mesh_shape", [None, (2, 2, 2)])
+@pytest.mark.parametrize("mesh_shape", [None, (2, 2, 2), (1, 1, 2)])
 def test_with_scanned_layers_the_rollouts_are_those_alone(params, reference, mesh_shape):
     """Layers under nn.scan: every cache leaf is stacked ([L, S, KV, C, D]), the refill
     copies prefixes slot-major and the prefix table is prompt-major ([B, L, KV, P - 1, D]).
-    The rollouts are still those of the unrolled model generated alone, on one device and
-    with the slots split over 4 data shards."""
+    The rollouts are still those of the unrolled model generated alone, on one device,
+    with the slots split over 4 data shards, and split by head alone (the tensor-parallel
+    decode of the scanned 7B and Qwen3-1.7B host configs)."""
     ids, mask = prompts()
     mesh = None
     if mesh_shape is not None:
