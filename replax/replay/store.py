@@ -312,6 +312,17 @@ class ReplayBuffer(ReplayConfig):
             )
             pooled = _split_pools((log_weight, eligible, state.valid), num_pools)
             local_index, log_prob, num_drawable, min_log_prob = jax.vmap(draw)(keys, *pooled)
+            # A draw without replacement is a set: its rows go in the order they were
+            # added, so that the same rollouts make the same batch (to the last bit)
+            # whichever ring holds them (on-policy's 64 slots, auto mode's whole ring).
+            if self.strategy == "uniform_no_replacement" or once is not None:
+                serial = _split_pools(state.serial, num_pools)
+                added = jnp.argsort(jnp.take_along_axis(serial, local_index, 1), axis=1)
+                ordered = lambda x: jnp.take_along_axis(x, added, 1)
+                sort = self.strategy == "uniform_no_replacement" or jnp.asarray(once, bool)
+                local_index, log_prob = jax.tree.map(
+                    lambda x: jnp.where(sort, ordered(x), x), (local_index, log_prob)
+                )
             probs = jnp.exp(log_prob)
         gather = lambda tree, index: jax.tree.map(lambda x: x[index], tree)
         batch, drawn_meta = jax.vmap(gather)(

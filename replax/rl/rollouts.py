@@ -97,7 +97,9 @@ def _all_processes(rows: jax.sharding.NamedSharding | None, *local):
     return scoring.blocks_in_order(processes.process_block(rows)[0], *local)
 
 
-def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Fresh:
+def generate_and_score(
+    sampler, task, tokenizer, group_size: int, params, prompts, rng, first_rollout=None
+) -> Fresh:
     """G completions of each prompt of a batch (prompt_ids, prompt_mask, answer) with the
     jitted sampler, scored by the task on the host: the step's one round trip.
 
@@ -106,9 +108,11 @@ def generate_and_score(sampler, task, tokenizer, group_size: int, params, prompt
     the sampler's batch sharding): every process passes the sampler all prompts, and
     scores the completions its devices hold. The three phases are apart so that disjoint
     placement decodes and scores in a thread of its own while only the training thread
-    exchanges values between processes (`gather_prompts`, `finish`)."""
+    exchanges values between processes (`gather_prompts`, `finish`). first_rollout: an
+    int, rollout i draws from fold_in(rng, first_rollout + i), its index in the run."""
     prompts = gather_prompts(sampler, prompts)
-    return finish(decode_and_score(sampler, task, tokenizer, group_size, params, prompts, rng))
+    args = (sampler, task, tokenizer, group_size, params, prompts, rng, first_rollout)
+    return finish(decode_and_score(*args))
 
 
 @dataclasses.dataclass
@@ -153,9 +157,11 @@ def gather_prompts(sampler, prompts, block=(0, 1)):
     return {**prompts, "prompt_ids": ids, "prompt_mask": mask, "local_count": local_count}
 
 
-def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts, rng) -> Scored:
+def decode_and_score(
+    sampler, task, tokenizer, group_size: int, params, prompts, rng, first_rollout=None
+) -> Scored:
     """Decodes the prompts of `gather_prompts` and scores this process's rows; no value
-    crosses processes here."""
+    crosses processes here. first_rollout: as in `generate_and_score`."""
     local = process_local(sampler)
     rows = table = None
     if sampler.mesh is not None:
@@ -174,11 +180,14 @@ def decode_and_score(sampler, task, tokenizer, group_size: int, params, prompts,
             )
     args = (params, prompt_ids, prompt_mask, rng)
     kwargs = dict(num_samples=group_size, row_block=block)
+    if first_rollout is not None:
+        kwargs["first_rollout"] = first_rollout
     if hasattr(sampler, "generate_with_stats"):  # the rollout engine
         out, stats = sampler.generate_with_stats(*args, **kwargs)
         engine_row_steps = int(stats.row_steps)
     else:
-        out, engine_row_steps = sampler.generate(*args, **kwargs), None
+        keyed = first_rollout is not None
+        out, engine_row_steps = sampler.generate(*args, **kwargs, rollout_keys=keyed), None
     tokens = processes.local_rows(out.tokens)  # [rows of this process, T]
     rewards, errors, truncated = scoring.score_completions(
         task,

@@ -31,10 +31,13 @@ class StepRollouts:
 
 
 def fresh_rollouts(
-    run: Run, disjoint, step, params, prompt_iter, key, generated, idle
+    run: Run, disjoint, step, params, prompt_iter, key, generated, idle, first_rollout=0
 ) -> StepRollouts:
     """GENERATE R rollouts (G completions of each prompt) and SCORE them on the host; with
-    disjoint placement, take the sampler thread's finished ones and hand it the next."""
+    disjoint placement, take the sampler thread's finished ones and hand it the next.
+    Colocated, rollout i of the step draws from fold_in(key, first_rollout + i): key is
+    the run's and first_rollout the rollouts generated before the step, so a rollout's
+    draws follow from its place in the run's stream, not from the step that made it."""
     if disjoint is not None:
         fresh, version, gen_s = disjoint.step(step, params, prompt_iter)
         return StepRollouts(fresh or idle, fresh is not None, gen_s, version, disjoint=True)
@@ -42,8 +45,9 @@ def fresh_rollouts(
         return StepRollouts(idle, False, 0.0)
     t0 = time.time()
     c = run.spec
+    prompts, g = next(prompt_iter), c.rollout.group_size
     fresh = rollouts.generate_and_score(
-        run.sampler, run.task, run.tokenizer, c.rollout.group_size, params, next(prompt_iter), key
+        run.sampler, run.task, run.tokenizer, g, params, prompts, key, first_rollout
     )
     return StepRollouts(fresh, True, time.time() - t0)
 

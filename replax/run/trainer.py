@@ -205,15 +205,25 @@ def run_loop(
         t_step = time.time()
         if step == c.total_steps - 1:
             bar.doing(step, "last step")
-        gen_key, sample_key, eval_key = step_keys(base_key, step)
+        gen_key, sample_key, _ = step_keys(base_key, step)
         generated, trains = schedule.should_generate(step), schedule.should_train(step)
         max_age = schedule.max_age()
         once = schedule.draw_once if schedule.varies_training else None
         # Skipped steps, and steps that did not train, did not advance the optimizer's
         # count of updates.
         learning_rate = learning_rates[account.updates - loop.skipped_steps]
+        if disjoint is None:  # each rollout keyed by its place in the run's stream
+            gen_key = rollout_key(base_key)
         fresh = steps.fresh_rollouts(
-            run, disjoint, step, train_state.params, prompt_iter, gen_key, generated, idle
+            run,
+            disjoint,
+            step,
+            train_state.params,
+            prompt_iter,
+            gen_key,
+            generated,
+            idle,
+            account.gen_rollouts,
         )
         t1 = time.time()
         replay_state, train_state, step_metrics, stats = steps.add_sample_and_train(
@@ -255,7 +265,7 @@ def run_loop(
         last = loop.step == c.total_steps or spent()
         if c.eval.every and (loop.step % c.eval.every == 0 or last):
             bar.doing(loop.step, f"evaluating on {len(evaluator.examples)} held-out prompts")
-            eval_metrics, samples = evaluator.evaluate(train_state.params, eval_key)
+            eval_metrics, samples = evaluator.evaluate(train_state.params, eval_key(c.seed))
             record.update(eval_metrics)
             writer.write_samples(loop.step, samples)
         # The step's wall time up to its record: generation, training and evaluation.
@@ -321,16 +331,26 @@ def _outputs(run: Run, loop: LoopState, config: Mapping[str, Any]):
 
 
 def step_keys(base_key, step: int):
-    """(generation, replay sampling, evaluation) keys of the loop step that takes the run
-    from `step` to step + 1 steps done: fold_in(key(seed), step), split 3 ways. The
-    evaluation after it, of checkpoint step + 1, draws its temperature-1 samples with the
-    third; scripts/evaluate.py draws them with the same key for that checkpoint."""
+    """(generation under disjoint placement, replay sampling, unused) keys of the loop
+    step that takes the run from `step` to step + 1 steps done: fold_in(key(seed), step),
+    split 3 ways."""
     return jax.random.split(jax.random.fold_in(base_key, step), 3)
 
 
-def eval_key(seed: int, step: int):
-    """The key the run's own evaluation of checkpoint `step` (steps done) used."""
-    return step_keys(jax.random.key(seed), step - 1)[2]
+def rollout_key(base_key):
+    """The key colocated generation folds each rollout's index in the run into. Designs
+    that generate different numbers a step (on-policy's 64, replay's 16) then draw the same
+    rollout of the stream alike, from the same prompt (the prompt stream has one order
+    whatever the batch): they differ by design, not by draws (common random numbers). The
+    index folded in here is beyond any step number's."""
+    return jax.random.fold_in(base_key, 2**31 - 1)
+
+
+def eval_key(seed: int):
+    """The key every held-out evaluation of the run draws its temperature-1 samples with
+    (scripts/evaluate.py too): the same at every checkpoint and in every design, so that
+    pass@k compares policies, not draws."""
+    return jax.random.fold_in(jax.random.key(seed), 2**31 - 2)
 
 
 def _checkpoint_if_due(

@@ -230,6 +230,7 @@ def decode(
     prompt_ids,
     prompt_mask,
     rng,
+    first_rollout,
     sampling: SamplingConfig,
     num_samples: int,
     row_block: tuple[int, int] = (0, 1),
@@ -247,8 +248,9 @@ def decode(
     G = num_samples completions of each, R = B x G rows. row_block (i, n): these are rows
     [i R, (i + 1) R) of n R decoded together under the same rng, and draw those rows'
     random numbers (a process decoding its block of a batch alone). rollout_keys: row r
-    draws from `rollout_uniforms(rng, i R + r)` alone, so that a rollout does not depend on
-    the rows decoded beside it (what `replax.sampling.engine` draws)."""
+    draws from `rollout_uniforms(rng, first_rollout + i R + r)` alone, so that a rollout
+    does not depend on the rows decoded beside it (what `replax.sampling.engine` draws);
+    first_rollout (int32[], traced) numbers the batch's rollouts within a longer run."""
     b, p = prompt_ids.shape
     rows = b * num_samples
     is_stop = lambda tokens: jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32))
@@ -311,7 +313,8 @@ def decode(
     # loop (on CPU each draw inside it would be a loop of its own), as for R prompts.
     block, num_blocks = row_block
     if rollout_keys:  # row r is rollout block R + r, drawing from its own key
-        uniforms = rollout_uniforms(rng, block * rows + jnp.arange(rows), n).T  # [N, R]
+        ids = first_rollout + block * rows + jnp.arange(rows)
+        uniforms = rollout_uniforms(rng, ids, n).T  # [N, R]
     else:
         uniforms = jax.random.uniform(rng, (n, rows * num_blocks), jnp.float32)  # [N, nR]
         uniforms = jax.lax.slice_in_dim(uniforms, block * rows, (block + 1) * rows, axis=1)

@@ -88,14 +88,20 @@ class Engine:
         )
         traced = functools.partial(generation.run, settings=self.settings)
         if self.mesh is None:
-            self._jitted = jax.jit(traced, static_argnums=(4, 5, 6))
+            self._jitted = jax.jit(traced, static_argnums=(5, 6, 7))
         else:
             replicated = sharding.replicated(self.mesh)
             table = sharding.named(self.mesh, ("batch", None), self.rules)
             self._jitted = jax.jit(
                 traced,
-                static_argnums=(4, 5, 6),
-                in_shardings=(sampler._decode_shardings, replicated, replicated, replicated),
+                static_argnums=(5, 6, 7),
+                in_shardings=(
+                    sampler._decode_shardings,
+                    replicated,
+                    replicated,
+                    replicated,
+                    replicated,
+                ),
                 out_shardings=(
                     SampleOutput(
                         tokens=table,
@@ -119,11 +125,12 @@ class Engine:
         top_k: int | None = None,
         top_p: float | None = None,
         row_block: tuple[int, int] = (0, 1),
+        first_rollout: int = 0,
     ) -> tuple[SampleOutput, EngineStats]:
         args = self.sampler.call_args(
             params, prompt_ids, prompt_mask, rng, num_samples, row_block, temperature, top_k, top_p
         )
-        return self.sampler.call(self._jitted, *args)
+        return self.sampler.call(self._jitted, *args, first_rollout=first_rollout)
 
     def lower_programs(self, abstract_params, num_prompts: int, num_samples: int) -> dict:
         """name -> a zero-argument function lowering that program of the engine from
@@ -135,7 +142,7 @@ class Engine:
         alone (the chunk's loop body), whose bytes are the decode step's."""
         from replax.sampling import lowering
 
-        params, ids, mask, key = lowering.abstract_inputs(
+        params, ids, mask, key, first = lowering.abstract_inputs(
             self.sampler, num_prompts, abstract_params
         )
         sampling, g, settings = self.sampler.sampling, int(num_samples), self.settings
@@ -225,7 +232,9 @@ class Engine:
 
         args = (params, ids, mask, key)
         return {
-            "engine_generate": under_rules(lambda: self._jitted.lower(*args, sampling, g, (0, 1))),
+            "engine_generate": under_rules(
+                lambda: self._jitted.lower(*args, first, sampling, g, (0, 1))
+            ),
             "engine_prefill": under_rules(lambda: jax.jit(prefill).lower(*args)),
             "engine_refill_decode_chunk": under_rules(lower_chunk),
             "engine_decode_step": under_rules(lower_step),

@@ -89,6 +89,7 @@ def run(
     prompt_ids,
     prompt_mask,
     rng,
+    first_rollout,
     sampling: SamplingConfig,
     num_samples: int,
     row_block: tuple[int, int],
@@ -96,14 +97,21 @@ def run(
 ) -> tuple[SampleOutput, EngineStats]:
     """The traced engine over one batch: prompt_ids int32[B, P], prompt_mask bool[B, P]
     (left-padded), G = num_samples rollouts of each, R = B x G, queued prompt by prompt;
-    row_block (i, n): these are rollouts [i R, (i + 1) R) of a batch of n R (the indices
-    of their keys). Prefill, then chunks until the queue is empty and every slot stopped."""
+    row_block (i, n): these are rollouts [i R, (i + 1) R) of a batch of n R, numbered from
+    first_rollout (int32[]) in the run: the indices of their keys. Prefill, then chunks
+    until the queue is empty and every slot stopped."""
     b, p = prompt_ids.shape
     total = b * num_samples
     n = settings.max_new_tokens
     # PREFILL each prompt once.
     queue = prefill_queue(
-        params, prompt_ids, prompt_mask, rng, row_block[0] * total, num_samples, settings
+        params,
+        prompt_ids,
+        prompt_mask,
+        rng,
+        first_rollout + row_block[0] * total,
+        num_samples,
+        settings,
     )
     head = decode_lib.decode_head(params, settings.model.config)  # once a generation
 

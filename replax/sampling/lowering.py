@@ -20,7 +20,8 @@ from replax.sampling import sampler as sampler_lib
 def abstract_inputs(sampler, num_prompts: int, abstract_params):
     """The decode program's arguments as ShapeDtypeStructs with their shardings, for
     `num_prompts` prompts of max_prompt_len tokens: params in the sampler's dtype and
-    layout (from the policy's abstract params), prompt ids and mask, a PRNG key."""
+    layout (from the policy's abstract params), prompt ids and mask, a PRNG key and the
+    index of the batch's first rollout."""
     if sampler.mesh is None:
         raise ValueError("abstract_inputs: the sampler has no mesh to place inputs on")
 
@@ -37,7 +38,8 @@ def abstract_inputs(sampler, num_prompts: int, abstract_params):
     shape = (num_prompts, sampler.max_prompt_len)
     ids = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sampler._prompt_sharding)
     mask = jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=sampler._prompt_sharding)
-    return params, ids, mask, sharding.abstract_key(sampler.mesh)
+    first = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(sampler.mesh))
+    return params, ids, mask, sharding.abstract_key(sampler.mesh), first
 
 
 def lower(sampler, abstract_params, num_prompts: int, num_samples: int = 1, **overrides):
@@ -59,7 +61,7 @@ def lower_prefill(sampler, abstract_params, num_prompts: int, num_samples: int =
     """The prefill alone (the prompts through the model into the KV cache of the
     decode loop's first segment), lowered as `lower` does: the part of the decode
     program whose cost grows with the prompt, for memory and FLOP figures."""
-    params, ids, mask, _ = abstract_inputs(sampler, num_prompts, abstract_params)
+    params, ids, mask, _, _ = abstract_inputs(sampler, num_prompts, abstract_params)
     prefill = functools.partial(
         decode_lib.prefill_prompts,
         model=sampler.model,

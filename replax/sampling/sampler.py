@@ -132,7 +132,7 @@ class Sampler:
         )
         if mesh is None:
             self._params_shardings = self._decode_shardings = self._prompt_sharding = None
-            self._jitted = jax.jit(decode, static_argnums=(4, 5, 6, 7))
+            self._jitted = jax.jit(decode, static_argnums=(5, 6, 7, 8))
             self._prepare = jax.jit(self._cast)
         else:
             dummy = jnp.zeros((1, 1), jnp.int32)
@@ -151,11 +151,12 @@ class Sampler:
             table = sharding.named(mesh, ("batch", None), rules)
             self._jitted = jax.jit(
                 decode,
-                static_argnums=(4, 5, 6, 7),
+                static_argnums=(5, 6, 7, 8),
                 in_shardings=(
                     self._decode_shardings,
                     self._prompt_sharding,
                     self._prompt_sharding,
+                    sharding.replicated(mesh),
                     sharding.replicated(mesh),
                 ),
                 out_shardings=SampleOutput(
@@ -295,6 +296,7 @@ class Sampler:
         top_p: float | None = None,
         row_block: tuple[int, int] = (0, 1),
         rollout_keys: bool = False,
+        first_rollout: int = 0,
     ) -> SampleOutput:
         """Samples max_new_tokens per row (fewer when every row has hit EOS).
 
@@ -307,14 +309,16 @@ class Sampler:
         evaluation); each setting compiles once. row_block (i, n): the prompts are the
         i-th of n equal blocks of a batch, sampled as they would be in the whole batch.
         rollout_keys: each row draws from its own key, fold_in(rng, rollout index), with
-        rollout index i R + r for row r of block (i, n): the rollout the engine
-        (`replax.sampling.engine`) generates under the same rng, wherever it runs.
+        rollout index first_rollout + i R + r for row r of block (i, n): the rollout the
+        engine (`replax.sampling.engine`) generates under the same rng, wherever it runs.
+        first_rollout numbers the batch's rollouts within a run (a traced value: no
+        recompilation), so that a rollout's key is its index in the run's whole stream.
         Returns [B x G, ...] fields.
         """
         args = self.call_args(
             params, prompt_ids, prompt_mask, rng, num_samples, row_block, temperature, top_k, top_p
         )
-        return self.call(self._jitted, *args, bool(rollout_keys))
+        return self.call(self._jitted, *args, bool(rollout_keys), first_rollout=first_rollout)
 
     def call_args(
         self, params, prompt_ids, prompt_mask, rng, num_samples, row_block, *sampling_overrides
@@ -332,7 +336,11 @@ class Sampler:
         row_block = (int(row_block[0]), int(row_block[1]))
         return params, prompt_ids, prompt_mask, rng, sampling, int(num_samples), row_block
 
-    def call(self, jitted, *args):  # under the sampler mesh's activation rules
+    def call(self, jitted, *args, first_rollout=None):
+        """jitted(*args) under the sampler mesh's activation rules; first_rollout: a
+        decode program's (`call_args`, then the statics): an int32 argument after the key."""
+        if first_rollout is not None:
+            args = (*args[:4], np.int32(first_rollout), *args[4:])
         if self.mesh is None:
             return jitted(*args)
         with sharding.activation_rules(self.mesh, self.rules):

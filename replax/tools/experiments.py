@@ -201,9 +201,12 @@ def finalize_config(
     learning_rate: float,
     shared_dir: str,
     explicit: Iterable[str] = (),
+    eval_quantum: int = 0,
 ):
     """Sets what every comparison run fixes: total_steps = budget / R (an equal generated
-    budget), evaluations at equal generation spacing, the seed and rate, and the dataset
+    budget), evaluations at equal generation spacing (a multiple of eval_quantum rollouts
+    when given: the R of every design compared, so that all evaluate at the same rollout
+    counts), the seed and rate, and the dataset
     and warm start shared by all runs under shared_dir (runs with one seed share one base).
     An auto-mode run generates on some steps only: it stops on total_rollouts = budget,
     with room for the most steps its largest replay ratio (replay.auto_max_y) can take.
@@ -212,7 +215,11 @@ def finalize_config(
     r = rollouts_per_step(config)
     config.total_steps = max(budget_rollouts // r, 1)
     if "eval.every" not in explicit:  # spaced for a run that generates every step
-        config.eval.every = max(1, round(config.total_steps / num_evals))
+        q = eval_quantum or r
+        if q % r:
+            raise ValueError(f"eval_quantum={q} is not a multiple of R={r}")
+        steps = q // r  # a quantum's steps
+        config.eval.every = max(1, round(config.total_steps / num_evals / steps)) * steps
     if config.replay.mode == "auto":
         config.total_rollouts = budget_rollouts
         b = config.train.batch_size
@@ -263,7 +270,7 @@ def evaluate_checkpoint(
     """The run's held-out evaluation (greedy accuracy, pass@k at temperature 1, entropy;
     the sizes in spec.eval) of its latest sealed checkpoint whose files match their
     checksums, or of `step` (ConfigError, naming the sealed ones, if it is not one), with
-    the key the run's own evaluation of that step drew its temperature-1 samples with
+    the key the run's own evaluations drew their temperature-1 samples with
     (`trainer.eval_key`; `key=0`: key(0)), so that pass@k and entropy are the logged ones
     under the same settings. `warn` (default stderr) gets a line for each newer checkpoint
     passed over. Builds the run and reads its data; never reruns a warm start."""
@@ -289,7 +296,7 @@ def evaluate_checkpoint(
         state = frozen_base.restore_train_state(run, checkpointer, step, train_state)
     finally:
         checkpointer.close()
-    rng = trainer.eval_key(spec.seed, step) if key is None else jax.random.key(key)
+    rng = trainer.eval_key(spec.seed) if key is None else jax.random.key(key)
     return {"step": step, **_evaluate(data, state.params, rng)}
 
 

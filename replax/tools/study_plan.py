@@ -12,6 +12,7 @@ study_render's.
 
 from __future__ import annotations
 
+import math
 import os
 
 from replax.config import spec as spec_lib
@@ -131,6 +132,14 @@ class Plan:
                 raise config_utils.ConfigError(f"--reuse={root}: no such directory")
         # {fingerprint of a run's settings: its directory} of the runs --reuse offers.
         self.reusable = run_store.index(args.reuse)
+        # Every design evaluates at the same rollout counts, multiples of each one's R:
+        # the study's and the config's own, so that a study of some of them (or split
+        # over processes) evaluates where one of all of them would.
+        for v in known:
+            self.base.setdefault(v, v)
+        designs = dict.fromkeys([*self.variants, *known])
+        rollouts = (ex.rollouts_per_step(self._overridden(v)) for v in designs)
+        self.eval_quantum = math.lcm(*rollouts)
         grids = parse_lr_grid(args.lr_grid)
         self.lr_grid = {}
         for v in self.variants:
@@ -158,6 +167,7 @@ class Plan:
             learning_rate=lr,
             shared_dir=self.workdir,
             explicit={key for scope, key, _ in self.overrides if scope in (None, variant)},
+            eval_quantum=self.eval_quantum,
         )
 
     def spec(self, variant: str, lr: float, seed: int) -> spec_lib.RunSpec:

@@ -526,3 +526,48 @@ def test_at_the_floor_and_before_estimates_auto_is_the_fixed_design(tmp_path):
                 assert a[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, a["step"])
             else:
                 assert a[key] == value, (key, a["step"])
+
+
+def test_at_low_mu_auto_is_the_on_policy_run(tmp_path):
+    """Auto at mu 0.5 (R = 8 a step, an update on B = 16 every second step) against the
+    on-policy design (R = B = N = 16 a step, drawn once each), both with on-policy's loss
+    and storage settings: every rollout keyed by its place in the run's stream, the prompt
+    stream in one order and each once-drawn batch in the order it was added make the two
+    the same run, update for update and evaluation for evaluation: the same rollouts
+    (token counts), and losses equal to float32 rounding (auto's step sums the gradient
+    of its batch's halves, a different order of the same sums)."""
+    from replax.run import metrics as metrics_lib
+    from replax.run import trainer
+    from replax.tools import experiments
+
+    def run(variant, **overrides):
+        c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), variant)
+        settings = {**AUTO_MICRO, "replay.mu": 0.5, "loss.cov_cut_frac": 0.0, **overrides}
+        for key, value in settings.items():
+            experiments.set_value(c, key, value)
+        c.task.data_dir = str(tmp_path / "data")
+        os.makedirs(c.task.data_dir, exist_ok=True)
+        trainer.train(c, str(tmp_path / variant), log=lambda _: None)
+        return metrics_lib.read_metrics(str(tmp_path / variant))
+
+    with experiments.compilation_cache(str(tmp_path / "jax_cache")):
+        auto = run("replay", **{"replay.auto_onpolicy_batches": 1})
+        onpolicy = run(
+            "onpolicy",
+            **{
+                "replay.mode": "fixed",
+                "rollout.prompts_per_step": 4,
+                "replay.capacity": 16,
+                "total_steps": 4,
+                "eval.every": 2,
+                "checkpoint_every": 2,
+            },
+        )
+    trained = [r for r in auto if r["auto_train"]]
+    assert [r["step"] for r in trained] == [2, 4, 6, 8] and len(onpolicy) == 4
+    for a, o in zip(trained, onpolicy):
+        for key in ("gen_tokens", "gen_rollouts", "train_rollouts", "eval_accuracy"):
+            assert a.get(key) == o.get(key), (key, a["step"])
+        for key in ("loss", "grad_norm", "eval_entropy"):
+            np.testing.assert_allclose(a.get(key, np.nan), o.get(key, np.nan), rtol=1e-5)
+    assert onpolicy[-1]["eval_accuracy"] is not None and onpolicy[0]["loss"] != 0.0

@@ -342,7 +342,29 @@ def test_positive_bias_and_no_replacement_draws_are_pinned():
     np.testing.assert_array_equal(info.indices, [2, 2, 3, 2, 10, 11, 10, 9])
     buffer, state = filled_buffer("uniform_no_replacement")
     info = buffer.sample(state, jax.random.key(0), 4, 4)[2]
-    np.testing.assert_array_equal(info.indices, [6, 3, 5, 7])
+    np.testing.assert_array_equal(info.indices, [3, 5, 6, 7])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_draw_without_replacement_lays_its_rows_out_in_the_order_they_were_added(seed):
+    # On-policy's ring of B slots and auto mode's whole ring drawing each waiting item once
+    # make the same batch, row for row, from the same rollouts: a comparison of the two
+    # designs then differs by design alone. The ring wraps, so slot order is not add order.
+    def waiting(strategy, capacity, **sample):
+        buffer = make_replay_buffer(ReplayConfig(capacity, strategy))
+        state = buffer.init(EXAMPLE_ITEM)
+        for step, first in enumerate(range(1, 13, 4)):  # ids 1..12, 4 a step
+            state = buffer.add(state, make_items(range(first, first + 4)), step)
+            if step < 2:  # the first 8 are drawn (and trained on) as they come
+                state = buffer.sample(state, jax.random.key(9), 4, step, **sample)[0]
+        state, batch, info = buffer.sample(state, jax.random.key(seed), 4, 2, **sample)
+        return np.asarray(batch["tokens"][:, 0]), np.asarray(info.indices)
+
+    onpolicy, _ = waiting("uniform_no_replacement", 4)
+    auto, slots = waiting("positive_bias", 10, once=jnp.bool_(True))
+    np.testing.assert_array_equal(onpolicy, [9, 10, 11, 12])
+    np.testing.assert_array_equal(auto, onpolicy)
+    np.testing.assert_array_equal(slots, [8, 9, 0, 1])  # 12 items in 10 slots: wrapped
 
 
 def entry_ops_over_slots(hlo: str, capacity: int) -> list[str]:

@@ -61,7 +61,7 @@ def jitted_decode(stop_ids, max_new_tokens=NEW_TOKENS):
         cache_dtype=None,
         data_shards=1,
     )
-    return jax.jit(decode, static_argnums=(4, 5, 6))
+    return jax.jit(decode, static_argnums=(5, 6, 7))
 
 
 @jax.jit
@@ -208,7 +208,7 @@ def test_a_one_token_prompt_prefills_nothing():
 def greedy(params):
     """Greedy decode of 3 prompts over both segments, no row stopping."""
     ids, mask = prompts()
-    out = jitted_decode((UNREACHABLE_STOP,))(params, ids, mask, jax.random.key(0), GREEDY, 1)
+    out = jitted_decode((UNREACHABLE_STOP,))(params, ids, mask, jax.random.key(0), 0, GREEDY, 1)
     return ids, mask, jax.device_get(out)
 
 
@@ -241,7 +241,7 @@ def test_rows_stop_at_their_first_stop_token_and_the_rest_is_pad(params, greedy)
     assert is_stop.any(axis=1).all()
     first = is_stop.argmax(axis=1)  # [3] step of each row's first stop token
     assert first.max() < SHORT - 1 and first.min() < first.max()  # before the end, apart
-    out = jitted_decode(stop_ids, SHORT)(params, ids, mask, jax.random.key(0), GREEDY, 1)
+    out = jitted_decode(stop_ids, SHORT)(params, ids, mask, jax.random.key(0), 0, GREEDY, 1)
     expected_mask = np.arange(SHORT)[None, :] <= first[:, None]
     np.testing.assert_array_equal(out.mask, expected_mask)
     np.testing.assert_array_equal(out.lengths, first + 1)
@@ -259,13 +259,13 @@ def test_row_blocks_draw_the_whole_batchs_random_numbers(params):
     ids, mask = prompts((6, 3, 5, 1))
     decode = jitted_decode((UNREACHABLE_STOP,), SHORT)
     sampled = SamplingConfig(temperature=1.0)
-    whole = jax.device_get(decode(params, ids, mask, jax.random.key(3), sampled, 2))
+    whole = jax.device_get(decode(params, ids, mask, jax.random.key(3), 0, sampled, 2))
     assert whole.tokens.shape == (8, SHORT)
     for block in range(2):
         rows = slice(4 * block, 4 * block + 4)
         part = decode(
             params, ids[2 * block : 2 * block + 2], mask[2 * block : 2 * block + 2],
-            jax.random.key(3), sampled, 2, (block, 2),
+            jax.random.key(3), 0, sampled, 2, (block, 2),
         )  # fmt: skip
         np.testing.assert_array_equal(part.tokens, whole.tokens[rows])
         np.testing.assert_allclose(part.logprobs, whole.logprobs[rows], rtol=1e-5, atol=1e-6)

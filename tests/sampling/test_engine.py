@@ -2,6 +2,7 @@
 slots, refill interval, sampling setting or mesh; slots refill; bad settings are refused."""
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -188,6 +189,27 @@ def test_row_blocks_number_the_rollouts_of_a_batch(params):
     whole = engine.generate(params, ids, mask, rng, num_samples=G)
     second = engine.generate(params, ids[2:], mask[2:], rng, num_samples=G, row_block=(1, 2))
     np.testing.assert_array_equal(np.asarray(second.tokens), np.asarray(whole.tokens)[2 * G :])
+
+
+def test_first_rollout_numbers_a_batch_within_the_run(params):
+    """A step that generates the last two prompts of a stream, its first rollout index
+    2 G, draws what those rollouts drew in one step of all four: in the engine and in the
+    static sampler with rollout keys, the index a value (no compile for a new one)."""
+    ids, mask = prompts()
+    rng = jax.random.key(6)
+    sampler = make(temperature=1.0)
+    engine = engine_lib.make_engine(sampler, slots=4, refill_every=3)
+    whole = engine.generate(params, ids, mask, rng, num_samples=G)
+    for generate in (engine.generate, functools.partial(sampler.generate, rollout_keys=True)):
+        first = generate(params, ids[:2], mask[:2], rng, num_samples=G)
+        with count_compilations() as events:
+            later = generate(params, ids[2:], mask[2:], rng, num_samples=G, first_rollout=2 * G)
+            jax.block_until_ready(later)
+        assert events == []
+        got = np.concatenate([np.asarray(first.tokens), np.asarray(later.tokens)])
+        np.testing.assert_array_equal(got, np.asarray(whole.tokens))
+        unnumbered = generate(params, ids[2:], mask[2:], rng, num_samples=G)
+        assert not np.array_equal(np.asarray(unnumbered.tokens), np.asarray(later.tokens))
 
 
 def test_a_second_call_compiles_nothing(params):

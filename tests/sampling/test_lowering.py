@@ -33,7 +33,9 @@ def test_the_lowered_decode_program_computes_what_generate_does(params):  # noqa
     args = lowering.abstract_inputs(sampler, 4, abstract)
     assert [a.shape for a in args[1:3]] == [ids.shape, mask.shape]
     compiled = lowering.lower(sampler, abstract, 4, num_samples=2).compile()
-    placed = [jax.device_put(x, a.sharding) for x, a in zip((ids, mask, key), args[1:])]
+    placed = [
+        jax.device_put(x, a.sharding) for x, a in zip((ids, mask, key, np.int32(0)), args[1:])
+    ]
     got = compiled(sampler.prepare_params(params), *placed)
     want = sampler.generate(params, ids, mask, key, num_samples=2)
     for name in ("tokens", "mask", "logprobs"):

@@ -237,7 +237,7 @@ def _flops(params, batch, num_samples, prompt_len):
     ids, mask = prompts()
     ids = np.resize(ids[:, -prompt_len:], (batch, prompt_len))
     mask = np.resize(mask[:, -prompt_len:], (batch, prompt_len))
-    args = (params, ids, mask, jax.random.key(0), sampler.sampling, num_samples, (0, 1))
+    args = (params, ids, mask, jax.random.key(0), 0, sampler.sampling, num_samples, (0, 1))
     cost = sampler._jitted.lower(*args).compile().cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
