@@ -22,6 +22,7 @@ import numpy as np
 
 from replax.core import processes, sharding
 from replax.rl import placement, rollouts, weight_sync
+from replax.run import steps
 from replax.run.assemble import Run
 
 
@@ -32,6 +33,7 @@ class _Job:
     params: Any
     prompts: Any
     key: Any
+    first_rollout: int
 
 
 class DisjointRollouts:
@@ -131,9 +133,10 @@ class DisjointRollouts:
             # donates the trainer's copy.
             sampler_params = jax.block_until_ready(self._sync(params))
             self.sync_s, self.sync_bytes = time.time() - start, self._sync.bytes
-            gen_key = jax.random.split(jax.random.fold_in(self.base_key, self.plan.added_at(g)), 3)
             prompts = rollouts.gather_prompts(self.run.sampler, next(prompt_iter), self._block)
-            self._jobs.put(_Job(g, step, sampler_params, prompts, gen_key[0]))
+            key = steps.rollout_key(self.base_key)  # generation g: rollouts [g R, (g + 1) R)
+            first = g * self.run.rollouts_per_step
+            self._jobs.put(_Job(g, step, sampler_params, prompts, key, first))
             self._submitted = g
 
     def _take(self, g):
@@ -170,6 +173,7 @@ class DisjointRollouts:
                     job.params,
                     job.prompts,
                     job.key,
+                    job.first_rollout,
                 )
                 jax.block_until_ready(scored.out)
                 end = time.time()

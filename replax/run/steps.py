@@ -30,6 +30,16 @@ class StepRollouts:
     disjoint: bool = False
 
 
+def rollout_key(base_key):
+    """The key colocated generation folds each rollout's index in the run into. Designs
+    that generate different numbers a step (on-policy's 64, replay's 16) then draw the same
+    rollout of the stream alike, from the same prompt (the prompt stream has one order
+    whatever the batch): they differ by design, not by draws (common random numbers). The
+    index folded in here is beyond any step number's. Disjoint placement folds in the same
+    indices: generation g holds rollouts [g R, (g + 1) R)."""
+    return jax.random.fold_in(base_key, 2**31 - 1)
+
+
 def fresh_rollouts(
     run: Run, disjoint, step, params, prompt_iter, key, generated, idle, first_rollout=0
 ) -> StepRollouts:

@@ -213,7 +213,7 @@ def run_loop(
         # count of updates.
         learning_rate = learning_rates[account.updates - loop.skipped_steps]
         if disjoint is None:  # each rollout keyed by its place in the run's stream
-            gen_key = rollout_key(base_key)
+            gen_key = steps.rollout_key(base_key)
         fresh = steps.fresh_rollouts(
             run,
             disjoint,
@@ -335,15 +335,6 @@ def step_keys(base_key, step: int):
     step that takes the run from `step` to step + 1 steps done: fold_in(key(seed), step),
     split 3 ways."""
     return jax.random.split(jax.random.fold_in(base_key, step), 3)
-
-
-def rollout_key(base_key):
-    """The key colocated generation folds each rollout's index in the run into. Designs
-    that generate different numbers a step (on-policy's 64, replay's 16) then draw the same
-    rollout of the stream alike, from the same prompt (the prompt stream has one order
-    whatever the batch): they differ by design, not by draws (common random numbers). The
-    index folded in here is beyond any step number's."""
-    return jax.random.fold_in(base_key, 2**31 - 1)
 
 
 def eval_key(seed: int):
