@@ -44,8 +44,8 @@ built from a config variant plus its overrides), --lr_grid
 'onpolicy:3e-5,1e-4,3e-4;replay:1e-5,3e-5,1e-4' (default: the config's rate x 1/3, 1, 3),
 --mu_model, --budget_rollouts (default: total_steps x R of the on-policy config),
 --num_evals (evaluations per run, at equal generation spacing: the same rollout counts
-for every variant, a multiple of each one's R and of the config's variants'), --target (instead of the
-on-policy median), --override=[VARIANT:]KEY=VALUE (repeatable; with VARIANT, that
+for every variant, a multiple of each one's R and of the config's variants'), --target
+(instead of the on-policy median), --override=[VARIANT:]KEY=VALUE (repeatable; with VARIANT, that
 variant's runs only: the per-variant form; without, every run, as --config.KEY=VALUE),
 --entropy_levels A,A (accuracies of entropy_at_accuracy), --paper_w_over_t 1,3,7,
 --final_pass_k_prompts N (re-evaluate each chosen run's last checkpoint with pass@k over N
