@@ -259,7 +259,7 @@ class AutoReplayController:
             if self.train_seen > self.warmup:
                 value = float(train_s) / self.trained_batch
                 self.train_per_rollout = self._smooth(self.train_per_rollout, value)
-        if stats:
+        if stats and STAT_KEYS[0] in stats:  # a replay step's (on-policy steps have none)
             values = {k: float(stats[k]) for k in STAT_KEYS}
             # A half's noise falls as 1 / its size: pooled as at the replay batch's halves.
             for k in ("halves_noise_fresh", "halves_noise_stale"):

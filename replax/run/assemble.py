@@ -140,21 +140,22 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
         model, optimizer, mesh, rules, with_reference=spec.loss.kl_coef > 0
     )
     b = spec.train.batch_size
-    make_step = lambda loss, size=b: train_step_lib.make_train_step(
-        model,
-        optimizer,
-        loss,
-        mesh,
-        rules,
-        state_shardings,
-        batch_sharding(size),
-        temperature=r.temperature,
-        half_batch_stats=schedule.half_batch_stats,
-        vocab_size=tokenizer.sample_limit,
-        # Microbatches of the replay step's size, whatever the batch.
-        num_microbatches=spec.train.num_microbatches * size // b,
-        logits_chunk_size=spec.train.logits_chunk_size,
-        grad_clip=spec.optimizer.grad_clip,
+    make_step = lambda loss, size=b, halves=schedule.half_batch_stats: (
+        train_step_lib.make_train_step(
+            model,
+            optimizer,
+            loss,
+            mesh,
+            rules,
+            state_shardings,
+            batch_sharding(size),
+            temperature=r.temperature,
+            half_batch_stats=halves,
+            vocab_size=tokenizer.sample_limit,
+            num_microbatches=spec.train.num_microbatches,
+            logits_chunk_size=spec.train.logits_chunk_size,
+            grad_clip=spec.optimizer.grad_clip,
+        )
     )
     train_step = onpolicy_train_step = make_step(spec.loss)
     make_add_and_sample = lambda size: jax.jit(
@@ -170,10 +171,12 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     )
     add_and_sample = onpolicy_add_and_sample = make_add_and_sample(b)
     onpolicy_b = getattr(schedule, "onpolicy_batch", b)
-    if schedule.varies_training and (spec.loss.covariance_option or onpolicy_b != b):
-        # Auto mode's on-policy steps train as on-policy does, on its batch (compiled on
-        # first use).
-        onpolicy_train_step = make_step(spec.loss.without_covariance(), onpolicy_b)
+    if schedule.varies_training:
+        # Auto mode's on-policy steps run on-policy's own program (compiled on first use):
+        # its batch in train.num_microbatches passes, no covariance option, no halves, so
+        # that such a run is the on-policy design's to the last bit.
+        onpolicy_loss = spec.loss.without_covariance()
+        onpolicy_train_step = make_step(onpolicy_loss, onpolicy_b, halves=False)
     if onpolicy_b != b:
         onpolicy_add_and_sample = make_add_and_sample(onpolicy_b)
     # Decoding may use a mesh of its own (tensor-parallel; disjoint: the sampler's devices).
