@@ -40,3 +40,23 @@ def test_lr_grid_flag():
     assert study_plan.parse_lr_grid("") == {}
     with pytest.raises(config_utils.ConfigError, match="expected VARIANT:LR,LR"):
         study_plan.parse_lr_grid("1e-4")
+
+
+@pytest.mark.parametrize("variants", ["onpolicy,replay", "replay", "auto"])
+def test_every_design_evaluates_at_the_same_rollout_counts(tmp_path, variants):
+    """On-policy generates 64 a step, replay and auto 16: with 16 evaluations of 12,800
+    rollouts (800 apart) each evaluates every 768 (on-policy's nearest whole steps), also
+    in a study of some of them (two processes, each running its own variants)."""
+    argv = [
+        f"--workdir={tmp_path}",
+        f"--config={os.path.join(ROOT, 'configs/arith.py')}",
+        f"--variants={variants}",
+        "--budget_rollouts=12800",
+        "--num_evals=16",
+    ]
+    if variants == "auto":
+        argv += ["--define=auto=replay", "--override=auto:replay.mode=auto"]
+    plan = study_plan.Plan(study_plan.parse_args(argv))
+    for v in plan.variants:
+        config = plan.config(v, 1e-4, 0)
+        assert config.eval.every * ex.rollouts_per_step(config) == 768, v
