@@ -174,7 +174,7 @@ def assemble(spec: spec_lib.RunSpec, workdir: str, built: cfg.Built, devices=Non
     if schedule.varies_training:
         # Auto mode's on-policy steps run on-policy's own program (compiled on first use):
         # its batch in train.num_microbatches passes, no covariance option, no halves, so
-        # that such a run is the on-policy design's to the last bit.
+        # that on the same batch such a step is the on-policy design's, bit for bit.
         onpolicy_loss = spec.loss.without_covariance()
         onpolicy_train_step = make_step(onpolicy_loss, onpolicy_b, halves=False)
     if onpolicy_b != b:

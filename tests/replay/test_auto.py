@@ -384,6 +384,22 @@ AUTO_MICRO = {
 }
 
 
+def train_micro(tmp_path, name, variant, overrides):
+    """Trains configs/arith.py's `variant` with AUTO_MICRO and `overrides` in tmp_path/name
+    (the data shared under tmp_path); returns its metrics.jsonl records."""
+    from replax.run import metrics as metrics_lib
+    from replax.run import trainer
+    from replax.tools import experiments
+
+    c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), variant)
+    for key, value in {**AUTO_MICRO, **overrides}.items():
+        experiments.set_value(c, key, value)
+    c.task.data_dir = str(tmp_path / "data")
+    os.makedirs(c.task.data_dir, exist_ok=True)
+    trainer.train(c, str(tmp_path / name), log=lambda _: None)
+    return metrics_lib.read_metrics(str(tmp_path / name))
+
+
 def test_trainer_in_auto_mode_generates_periodically_and_resumes_exactly(tmp_path):
     from replax.run import metrics as metrics_lib
     from replax.run import trainer
@@ -495,17 +511,9 @@ def test_at_the_floor_and_before_estimates_auto_is_the_fixed_design(tmp_path):
     the controller draws from the whole ring: the run is the fixed design's, step for step
     (the train step's half-batch statistics added, the controller's own keys aside)."""
     from replax.run import metrics as metrics_lib
-    from replax.run import trainer
     from replax.tools import experiments
 
-    def run(name, **overrides):
-        c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), "replay")
-        for key, value in {**AUTO_MICRO, **overrides}.items():
-            experiments.set_value(c, key, value)
-        c.task.data_dir = str(tmp_path / "data")
-        os.makedirs(c.task.data_dir, exist_ok=True)
-        trainer.train(c, str(tmp_path / name), log=lambda _: None)
-        return metrics_lib.read_metrics(str(tmp_path / name))
+    run = lambda name, **overrides: train_micro(tmp_path, name, "replay", overrides)
 
     with experiments.compilation_cache(str(tmp_path / "jax_cache")):
         short = {"total_steps": 5, "eval.every": 5, "checkpoint_every": 5}
@@ -537,19 +545,12 @@ def test_at_low_mu_auto_is_the_on_policy_run(tmp_path):
     runs on-policy's own program on the same batch. Only the behaviour log-probs differ,
     by float32 rounding (the sampler decodes 8 rows a step against 16, a matmul of another
     shape), and with them the importance ratios and the loss, by about 1e-7."""
-    from replax.run import metrics as metrics_lib
-    from replax.run import trainer
     from replax.tools import experiments
 
-    def run(variant, **overrides):
-        c = experiments.load_config(os.path.join(ROOT, "configs/arith.py"), variant)
-        settings = {**AUTO_MICRO, "replay.mu": 0.5, "loss.cov_cut_frac": 0.0, **overrides}
-        for key, value in settings.items():
-            experiments.set_value(c, key, value)
-        c.task.data_dir = str(tmp_path / "data")
-        os.makedirs(c.task.data_dir, exist_ok=True)
-        trainer.train(c, str(tmp_path / variant), log=lambda _: None)
-        return metrics_lib.read_metrics(str(tmp_path / variant))
+    low_mu = {"replay.mu": 0.5, "loss.cov_cut_frac": 0.0}
+    run = lambda variant, **overrides: train_micro(
+        tmp_path, variant, variant, {**low_mu, **overrides}
+    )
 
     with experiments.compilation_cache(str(tmp_path / "jax_cache")):
         auto = run("replay", **{"replay.auto_onpolicy_batches": 1})
