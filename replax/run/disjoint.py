@@ -42,7 +42,9 @@ class DisjointRollouts:
     training loop keeps stepping. `step` is called at the start of every train step."""
 
     def __init__(self, run: Run, base_key, total_steps: int):
-        self.run, self.base_key, self.total_steps = run, base_key, total_steps
+        self.run, self.total_steps = run, total_steps
+        # Generation g decodes rollouts [g R, (g + 1) R) of the run, keyed as colocated.
+        self._rollout_key = steps.rollout_key(base_key)
         self.plan = placement.Plan(
             steps_per_generation=run.spec.train.max_steps_per_generation,
             max_policy_lag=run.spec.rollout.max_policy_lag,
@@ -134,9 +136,8 @@ class DisjointRollouts:
             sampler_params = jax.block_until_ready(self._sync(params))
             self.sync_s, self.sync_bytes = time.time() - start, self._sync.bytes
             prompts = rollouts.gather_prompts(self.run.sampler, next(prompt_iter), self._block)
-            key = steps.rollout_key(self.base_key)  # generation g: rollouts [g R, (g + 1) R)
             first = g * self.run.rollouts_per_step
-            self._jobs.put(_Job(g, step, sampler_params, prompts, key, first))
+            self._jobs.put(_Job(g, step, sampler_params, prompts, self._rollout_key, first))
             self._submitted = g
 
     def _take(self, g):

@@ -191,6 +191,7 @@ def run_loop(
     learning_rates = train_step_lib.learning_rates(c.optimizer, c.total_steps)
     idle = steps.nothing_generated(run)
     base_key, record, stopping = jax.random.key(c.seed), {}, False
+    gen_key = steps.rollout_key(base_key)  # colocated: a rollout's key is its place in the run
     t_start = time.time() - loop.wall_s
     disjoint = None
     if c.rollout.placement == "disjoint":  # the sampler on its own devices, in a thread
@@ -205,15 +206,13 @@ def run_loop(
         t_step = time.time()
         if step == c.total_steps - 1:
             bar.doing(step, "last step")
-        gen_key, sample_key, _ = step_keys(base_key, step)
+        sample_key = replay_key(base_key, step)
         generated, trains = schedule.should_generate(step), schedule.should_train(step)
         max_age = schedule.max_age()
         once = schedule.draw_once if schedule.varies_training else None
         # Skipped steps, and steps that did not train, did not advance the optimizer's
         # count of updates.
         learning_rate = learning_rates[account.updates - loop.skipped_steps]
-        if disjoint is None:  # each rollout keyed by its place in the run's stream
-            gen_key = steps.rollout_key(base_key)
         fresh = steps.fresh_rollouts(
             run,
             disjoint,
@@ -330,11 +329,12 @@ def _outputs(run: Run, loop: LoopState, config: Mapping[str, Any]):
     return writer, bar
 
 
-def step_keys(base_key, step: int):
-    """(generation under disjoint placement, replay sampling, unused) keys of the loop
-    step that takes the run from `step` to step + 1 steps done: fold_in(key(seed), step),
-    split 3 ways."""
-    return jax.random.split(jax.random.fold_in(base_key, step), 3)
+def replay_key(base_key, step: int):
+    """The key the loop step that takes the run from `step` to step + 1 steps done draws
+    its replay batch with: the second of fold_in(key(seed), step) split 3 ways (the other
+    two, once the step's generation and evaluation keys, are no longer drawn from; the
+    split stays so that a run's replay draws are those of the runs made before)."""
+    return jax.random.split(jax.random.fold_in(base_key, step), 3)[1]
 
 
 def eval_key(seed: int):
