@@ -3,9 +3,10 @@ r"""Auto replay: choose the replay ratio y = B / R and the staleness horizon x =
 With `replay.mode='auto'` the RL loop asks an `AutoReplayController` each step whether to
 generate R fresh rollouts, whether to train, and how old a sampled rollout may be (a max
 age, the horizon x). B and R are fixed: a generation period k makes y = k B / R above
-B / R; below it every step generates and a fraction phi of them trains, y = phi B / R,
-down to y = 1, on-policy (`replay.auto_min_y`): each step trains once the on-policy batch
-(`replay.auto_onpolicy_batches` x B) of fresh rollouts waits, each drawn once. It
+B / R; y = 1 is on-policy (`replay.auto_min_y`): every step generates and a step trains
+once the on-policy batch (`replay.auto_onpolicy_batches` x B) of fresh rollouts waits,
+each drawn once. A y* between 1 and B / R plans the end of the two that the design rates
+cheaper (`between_ends`). It
 estimates mu (generation / training seconds per rollout, or `replay.mu`), the staleness
 exponent alpha and the correlation rho (from the train step's fresh / stale half-batch
 gradient statistics) and the kept fraction f, and every `update_every` steps re-plans
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from replax.replay.designs import DESIGNS
+from replax.replay.designs import DESIGNS, between_ends
 
 # The train step's half-batch statistics this plans from.
 STAT_KEYS = (
@@ -112,7 +113,8 @@ class AutoReplayController:
         highest = max_period * batch_size / rollouts_per_generation
         if min_y is not None and not 1 <= min_y <= highest:
             raise ValueError(f"min_y={min_y} must lie in [1, max_period B / R]")
-        # The lowest y to plan: None keeps the floor of generating every step, B / R.
+        # The lowest y to plan: None keeps the floor of generating every step, B / R;
+        # 1 lets the plan go on-policy.
         self.min_y = min_y
         # On-policy steps train on this many fresh rollouts (None: B).
         if onpolicy_batch is not None and (onpolicy_batch < 1 or onpolicy_batch > capacity):
@@ -162,13 +164,12 @@ class AutoReplayController:
         self.credit = 1.0
         self.last_step: int | None = None
         self.last_generate = True
-        # Below B / R: the training credit (phi a step); on-policy, the fresh rollouts
-        # stored and not yet trained on.
-        self.train_credit, self.train_step, self.last_train = 1.0, None, True
+        # On-policy, the fresh rollouts stored and not yet trained on.
+        self.train_step, self.last_train = None, True
         self.waiting = self.once_max_age = 0
         self.x_opt = self.y_opt = math.nan
         self.y = batch_size / rollouts_per_generation
-        self.period = self.train_fraction = 1.0
+        self.period = 1.0
         self.once = False
         self.horizon = float(max(min_horizon, 1))
         self._plan()
@@ -209,10 +210,7 @@ class AutoReplayController:
             self.once_max_age = max(math.ceil(pending / self.rollouts_per_generation) - 1, 0)
             self.waiting = pending - (self.onpolicy_batch if train else 0)
         else:
-            train = self.train_credit >= 1.0 - 1e-9
-            if train:
-                self.train_credit = max(self.train_credit - 1.0, 0.0)
-            self.train_credit += self.train_fraction
+            train = True
         self.train_step, self.last_train = step, train
         return train
 
@@ -322,21 +320,20 @@ class AutoReplayController:
         x, y = DESIGNS[self.design](self.mu, self.rho, self.alpha, self.kept)
         self.x_opt, self.y_opt = x, y
         r, b = self.rollouts_per_generation, self.batch_size
-        lowest = b / r if self.min_y is None else min(self.min_y, b / r)
-        self.y = _clip(y, lowest, self.max_period * b / r)
+        # The floor: 1 (on-policy), or B / R and up (a floor between them runs as B / R:
+        # nothing between the two ends is run).
+        lowest = 1.0 if self.min_y == 1 else max(self.min_y or 0.0, b / r)
+        self.y = between_ends(_clip(y, lowest, self.max_period * b / r), lowest, b / r)
         self.period = _clip(self.y * r / b, 1.0, float(self.max_period))
-        # Below B / R: generate every step and train on a fraction of them; at y = 1 the
-        # batch is the on-policy batch of fresh rollouts, each trained on once: on-policy,
-        # at on-policy's cost.
-        self.train_fraction = min(self.y * r / b, 1.0)
+        # At y = 1 the batch is the on-policy batch of fresh rollouts, each trained on
+        # once: on-policy, at on-policy's cost.
         once = self.y <= 1.0 + 1e-9
         if once and not self.once:
             self.waiting = 0  # counted from here: what came before was drawn or dropped
         self.once = once
         # Steps a rollout survives in the ring: kept R enter it per generation.
         longest = self.period * self.capacity / (self.kept * r)
-        between = max(self.period, 1.0 / self.train_fraction)  # steps between draws
-        shortest = max(between + 1, float(self.min_horizon))
+        shortest = max(self.period + 1, float(self.min_horizon))
         if self.reg_uu > 0:
             self.horizon = _clip(x, min(shortest, longest), longest)
         else:
@@ -374,7 +371,7 @@ class AutoReplayController:
         "last_generate",
     )  # fmt: skip
     _LATER = (
-        "kept", "window_kept", "window_generated", "train_credit", "train_step",
+        "kept", "window_kept", "window_generated", "train_step",
         "last_train", "waiting", "once", "once_max_age",
     )  # fmt: skip
 

@@ -93,6 +93,19 @@ def long_run_design(mu: float, rho: float, alpha: float, kept: float = 1.0) -> t
 DESIGNS = {"paper": optimal_design, "long_run": long_run_design}
 
 
+def between_ends(y_opt: float, low: float, high: float) -> float:
+    """The y to run for a planned y* in [low, high], where only the two ends run well.
+
+    Both designs' J is, in y at a fixed x, 1 / y + y / y*^2 up to a factor and a constant,
+    so the end with the lower J is `low` iff y* <= sqrt(low high). Between on-policy and
+    B / R the only knob is skipping optimizer steps on some generating steps; on the
+    embedded task that ran dearer than both ends (docs/auto_replay.md), so
+    `replax.replay.auto` runs the cheaper end."""
+    if not low < y_opt < high:
+        return y_opt
+    return low if y_opt * y_opt <= low * high else high
+
+
 def _golden_section(f, lo: float, hi: float, iterations: int = 120) -> float:
     """Minimiser of a unimodal f on [lo, hi]."""
     g = (math.sqrt(5) - 1) / 2

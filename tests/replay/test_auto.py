@@ -12,9 +12,8 @@ import pytest
 from micro_run import MICRO_OVERRIDES
 
 from replax.replay import auto as auto_replay
-from replax.replay.auto import (
-    AutoReplayController,
-)
+from replax.replay.auto import AutoReplayController
+from replax.replay.designs import DESIGNS, between_ends, design_objective, long_run_objective
 from replax.rl import rollouts, scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -245,13 +244,15 @@ def test_low_mu_plans_on_policy_and_high_mu_replays():
         assert decisions(controller, 8) == [(True, s % 4 == 3, 3 if s % 4 == 3 else s % 4)
                                             for s in range(8)]  # fmt: skip
         assert controller.metrics()["auto_onpolicy"] == 1
-    # mu = 6: y* = 1.97, between 1 and B / R: every step generates, about half train.
+    # Between 1 and B / R = 4 only the ends run: y* <= sqrt(1 x 4) = 2 is on-policy (mu = 6:
+    # y* = 1.97), above it B / R, every step generating and training (mu = 8: y* = 2.27).
     controller = at_mu(6.0)
-    y = math.sqrt(6.0 / (1 / 0.65 + 0.01))
-    assert not controller.draw_once and controller.metrics()["auto_y"] == pytest.approx(y)
-    made = decisions(controller, 400)
-    assert all(g for g, _, _ in made)
-    assert sum(t for _, t, _ in made) == pytest.approx(400 * y * 16 / 64, abs=1)
+    assert controller.y_opt == pytest.approx(math.sqrt(6.0 / (1 / 0.65 + 0.01)))
+    assert controller.draw_once and controller.metrics()["auto_y"] == 1.0
+    controller = at_mu(8.0)
+    assert controller.y_opt == pytest.approx(2.273, abs=1e-3)
+    assert not controller.draw_once and controller.metrics()["auto_y"] == 4.0
+    assert all(g and t for g, t, _ in decisions(controller, 40))
     # mu = 40: y* = 5.08 above B / R = 4: every step trains, one in 1.27 generates.
     made = decisions(at_mu(40.0), 400)
     assert all(t for _, t, _ in made)
@@ -260,8 +261,35 @@ def test_low_mu_plans_on_policy_and_high_mu_replays():
     controller = at_mu(0.5, min_y=None)
     assert controller.metrics()["auto_y"] == 4.0 and not controller.draw_once
     assert all(g and t for g, t, _ in decisions(controller, 8))
+    # A floor between 1 and B / R runs as B / R; one above it is kept.
+    assert at_mu(0.5, min_y=2.0).metrics()["auto_y"] == 4.0
+    assert at_mu(0.5, min_y=6.0).metrics()["auto_y"] == 6.0
     with pytest.raises(ValueError, match="min_y"):
         at_mu(0.5, min_y=0.5)
+
+
+@pytest.mark.parametrize("design", ["long_run", "paper"])
+def test_between_the_ends_auto_runs_the_end_its_design_rates_cheaper(design):
+    """For y* between 1 and B / R the controller runs the end with the lower J at the
+    planned horizon, checked against the objective itself over a range of mu."""
+    objective = {"long_run": long_run_objective, "paper": design_objective}[design]
+    seen = set()
+    for mu in np.geomspace(0.3, 30, 41):
+        controller = AutoReplayController(
+            rollouts_per_generation=16, batch_size=64, capacity=4096, mu_override=float(mu),
+            design=design, max_period=2, min_y=1.0,
+        )  # fmt: skip
+        controller.alpha, controller.rho, controller.kept = 0.2, 0.05, 0.65
+        controller.reg_uu = 1.0  # staleness measured: the horizon is the design's x*
+        controller._plan()
+        x, y_opt = DESIGNS[design](float(mu), 0.05, 0.2, 0.65)
+        if not 1 < y_opt < 4:
+            continue
+        cost = {y: objective(x, y, mu=float(mu), rho=0.05, alpha=0.2, kept=0.65) for y in (1, 4)}
+        assert controller.y == min(cost, key=cost.get), (mu, y_opt, cost)
+        seen.add(controller.y)
+    assert seen == {1.0, 4.0}  # the range crosses the switch
+    assert between_ends(0.5, 1, 4) == 0.5 and between_ends(5.0, 1, 4) == 5.0
 
 
 def test_the_on_policy_batch_sets_when_on_policy_steps_train_and_what_they_cost():
