@@ -362,9 +362,9 @@ class AutoReplayController:
         }
 
     # What a checkpoint holds besides _CONFIG and the two windows: the timers, estimates
-    # and credits. A state saved before the kept fraction, or before the training credit
-    # and the on-policy count, lacks _LATER's keys; the defaults (every rollout kept,
-    # every step trains) are what that controller did.
+    # and credits. A state saved before the kept fraction or the on-policy count lacks
+    # _LATER's keys; the defaults (every rollout kept, every step trains) are what that
+    # controller did. An older state's training credit is ignored: the load re-plans.
     _STATE = (
         "gen_per_rollout", "train_per_rollout", "gen_seen", "train_seen", "alpha", "rho",
         "reg_uu", "reg_uv", "window_steps", "mixed_steps", "observed", "credit", "last_step",

@@ -392,6 +392,10 @@ def test_state_round_trip_through_json():
         if k not in ("kept", "kept_init", "kept_range", "window_kept", "window_generated")
     }
     assert AutoReplayController.from_state_dict(old).kept == 1.0
+    # A state saved with a training fraction's credit restores as one without it.
+    older = {**controller.state_dict(), "train_credit": 0.4}
+    plain = AutoReplayController.from_state_dict(controller.state_dict())
+    assert AutoReplayController.from_state_dict(older).state_dict() == plain.state_dict()
 
 
 # ------------------------------------------------------------ the trainer in auto mode
