@@ -200,7 +200,8 @@ def main(argv):
         "error" in rows[n] for n in ("engine_decode_step", "engine_refill_decode_chunk")
     ):
         print("counting the engine's decode step's HBM bytes ...", flush=True)
-        traffic = decode_traffic.engine_decode_traffic(run, programs)
+        in_generate = "engine_generate" in rows and "error" not in rows["engine_generate"]
+        traffic = decode_traffic.engine_decode_traffic(run, programs, generate=in_generate)
         print(
             f"engine decode step (S = {traffic['slots']}, K = {traffic['refill_every']}): "
             f"{traffic['per_step_hbm_bytes'] / GIB:.3f} GiB of HBM a step per device "
@@ -211,6 +212,11 @@ def main(argv):
             f"{traffic['ideal_kv_bytes'] / GIB:.3f} read once): "
             f"{traffic['ratio']:.2f}x"
         )
+        if traffic["generate_per_step_hbm_bytes"] is not None:
+            print(
+                f"inside engine_generate: {traffic['generate_per_step_hbm_bytes'] / GIB:.3f} "
+                f"GiB a step (its chunk loop over K): {traffic['generate_ratio']:.2f}x"
+            )
     compiled_mu = None
     if traffic is not None and all(
         n in rows and "error" not in rows[n] for n in ("engine_prefill", "train_step")

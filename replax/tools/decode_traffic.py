@@ -24,7 +24,26 @@ from replax.tools import hbm_traffic, tpu_targets
 TRAFFIC_OPTIONS = {"xla_tpu_enable_async_collective_fusion": False}
 
 
-def engine_decode_traffic(run, programs: Mapping[str, Any]) -> dict[str, Any]:
+def generation_chunk_bytes(hlo_text: str, steps_in_chunk: int) -> float | None:
+    """The bytes of one trip of a generation program's chunk loop (harvest, refill and its
+    loop of K decode steps, counted K times): the costliest loop, outermost first, whose
+    body runs a loop bounded by K. None when no loop runs one."""
+    best = None
+
+    def search(found):
+        nonlocal best
+        for loop in found:
+            if any(inner["trips"] == steps_in_chunk for inner in loop["inner"]):
+                best = max(best or 0.0, loop["bytes_per_trip"])
+            search(loop["inner"])
+
+    search(hbm_traffic.loops(hlo_text))
+    return best
+
+
+def engine_decode_traffic(
+    run, programs: Mapping[str, Any], generate: bool = False
+) -> dict[str, Any]:
     """The HBM bytes per device of one decode step of the run's engine, compiled, against
     the ideal: the weights (in the sampler's dtype) and the live KV cache of the S slots
     (P - 1 + N positions each) read once, split over the sampler's devices.
@@ -33,7 +52,10 @@ def engine_decode_traffic(run, programs: Mapping[str, Any]) -> dict[str, Any]:
     decode steps (its decode loop counted K times: its bound), over K: what the engine
     moves a step, the refill included. step: `engine_decode_step` alone, a program of its
     own (so with its own copies in and out of the donated slots, which a chunk makes
-    once for K steps). Both with the layer loop counted L times (`hbm_traffic`)."""
+    once for K steps). Both with the layer loop counted L times (`hbm_traffic`).
+    generate: also `engine_generate`'s own chunk loop over K (`generation_chunk_bytes`):
+    what a generation in the run moves a step, its slots' layouts the compiler's choice
+    inside one program (one more compile)."""
     engine = run.sampler
     counts = {}
     for name in ("engine_decode_step", "engine_refill_decode_chunk"):
@@ -55,6 +77,11 @@ def engine_decode_traffic(run, programs: Mapping[str, Any]) -> dict[str, Any]:
     kv = engine.slots * cache_len * per_position * jnp.dtype(cache_dtype).itemsize
     devices = engine.mesh.devices.size
     ideal = (weights + kv) / devices
+    in_generate = None
+    if generate:
+        compiled = programs["engine_generate"].lower().compile(compiler_options=TRAFFIC_OPTIONS)
+        chunk_bytes = generation_chunk_bytes(compiled.as_text(), engine.refill_every)
+        in_generate = None if chunk_bytes is None else chunk_bytes / engine.refill_every
     return {
         "slots": engine.slots,
         "refill_every": engine.refill_every,
@@ -66,6 +93,8 @@ def engine_decode_traffic(run, programs: Mapping[str, Any]) -> dict[str, Any]:
         "ratio": per_step / ideal,
         "step_ratio": step / ideal,
         "steps_in_chunk": k,
+        "generate_per_step_hbm_bytes": in_generate,
+        "generate_ratio": None if in_generate is None else in_generate / ideal,
         "largest": {name: count["largest"] for name, count in counts.items()},
     }
 

@@ -33,33 +33,15 @@ import re
 from collections import defaultdict
 
 _BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "bf16": 2,
-    "f16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-}
+    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4,
+    "f32": 4, "s64": 8, "u64": 8, "f64": 8,
+}  # fmt: skip
 _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
 # Instructions that move no bytes of their own.
 _FREE = {
-    "parameter",
-    "get-tuple-element",
-    "tuple",
-    "bitcast",
-    "constant",
-    "after-all",
-    "partition-id",
-    "replica-id",
-    "opt-barrier",
-}
+    "parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
+    "partition-id", "replica-id", "opt-barrier",
+}  # fmt: skip
 _SLICING = {"dynamic-slice", "slice", "gather"}
 
 
@@ -294,16 +276,18 @@ def _fusion_bytes(computations, fused: _Computation, ins: _Instruction, shapes) 
     return read, written
 
 
-def hbm_bytes(hlo_text: str, top: int = 12) -> dict:
-    """{'total': bytes the program moves to and from HBM, 'by_op': {opcode: bytes},
-    'largest': the `top` instructions that move most ({computation/instruction: bytes}),
-    'unknown_trip_counts': loops counted once}, from `compiled.as_text()`."""
-    computations, entry = _parse(hlo_text)
-    by_op: dict[str, float] = defaultdict(float)
-    by_instruction: dict[str, float] = defaultdict(float)
-    unknown: list[str] = []
+class _Counter:
+    """Walks a parsed program: the bytes of a computation run `times` times, its loops
+    multiplied out, recorded by opcode and instruction when `record`."""
 
-    def walk(name: str, times: int, record: bool = True) -> float:
+    def __init__(self, computations: dict[str, _Computation]):
+        self.computations = computations
+        self.by_op: dict[str, float] = defaultdict(float)
+        self.by_instruction: dict[str, float] = defaultdict(float)
+        self.unknown: list[str] = []
+
+    def walk(self, name: str, times: int, record: bool = True) -> float:
+        computations = self.computations
         instructions = computations[name].instructions
         shapes = {i.name: i.shape for i in instructions.values()}
         total, channels = 0.0, set()
@@ -315,18 +299,16 @@ def hbm_bytes(hlo_text: str, top: int = 12) -> dict:
                 (condition,) = _called(ins.attrs, "condition")
                 trips = _trip_count(computations[condition])
                 if trips is None and record:
-                    unknown.append(ins.name)
-                total += walk(body, times * (trips or 1), record)
+                    self.unknown.append(ins.name)
+                total += self.walk(body, times * (trips or 1), record)
                 continue
             if ins.op == "conditional":
-                branches = _called(ins.attrs, "branch_computations") or (
-                    _called(ins.attrs, "true_computation") + _called(ins.attrs, "false_computation")
-                )
-                costs = [walk(b, 1, record=False) for b in branches]
-                total += walk(branches[costs.index(max(costs))], times, record)
+                branches = _branches(ins)
+                costs = [self.walk(b, 1, record=False) for b in branches]
+                total += self.walk(branches[costs.index(max(costs))], times, record)
                 continue
             if ins.op == "call":
-                total += sum(walk(c, times, record) for c in _called(ins.attrs, "to_apply"))
+                total += sum(self.walk(c, times, record) for c in _called(ins.attrs, "to_apply"))
                 continue
             if ins.op == "custom-call" and "AllocateBuffer" in ins.attrs:
                 continue
@@ -353,16 +335,58 @@ def hbm_bytes(hlo_text: str, top: int = 12) -> dict:
                 read = sum(_hbm(shapes.get(o, "")) for o in ins.operands)
                 written = _hbm(ins.shape)
             if record:
-                by_op[ins.op] += (read + written) * times
-                by_instruction[f"{name}/{ins.name}"] += (read + written) * times
+                self.by_op[ins.op] += (read + written) * times
+                self.by_instruction[f"{name}/{ins.name}"] += (read + written) * times
             total += (read + written) * times
         return total
 
-    total = walk(entry, 1)
-    largest = sorted(by_instruction.items(), key=lambda kv: -kv[1])[:top]
+
+def _branches(ins: _Instruction) -> list[str]:
+    return _called(ins.attrs, "branch_computations") or (
+        _called(ins.attrs, "true_computation") + _called(ins.attrs, "false_computation")
+    )
+
+
+def hbm_bytes(hlo_text: str, top: int = 12) -> dict:
+    """{'total': bytes the program moves to and from HBM, 'by_op': {opcode: bytes},
+    'largest': the `top` instructions that move most ({computation/instruction: bytes}),
+    'unknown_trip_counts': loops counted once}, from `compiled.as_text()`."""
+    computations, entry = _parse(hlo_text)
+    counter = _Counter(computations)
+    total = counter.walk(entry, 1)
+    largest = sorted(counter.by_instruction.items(), key=lambda kv: -kv[1])[:top]
     return {
         "total": total,
-        "by_op": dict(by_op),
+        "by_op": dict(counter.by_op),
         "largest": dict(largest),
-        "unknown_trip_counts": unknown,
+        "unknown_trip_counts": counter.unknown,
     }
+
+
+def loops(hlo_text: str) -> list[dict]:
+    """Every while loop of the program, outermost first: {'name', 'trips' (its bound, None
+    when it has none), 'bytes_per_trip' (its body once, inner loops multiplied out),
+    'inner': the loops its body runs (through calls and conditionals), the same dicts}.
+    A program that loops over chunks of a few steps, as the engine's generation does,
+    gives its chunk's bytes as its loop's `bytes_per_trip`."""
+    computations, entry = _parse(hlo_text)
+    counter = _Counter(computations)
+
+    def found(name: str) -> list[dict]:
+        out = []
+        for ins in computations[name].instructions.values():
+            if ins.op == "while":
+                (body,) = _called(ins.attrs, "body")
+                (condition,) = _called(ins.attrs, "condition")
+                out.append({
+                    "name": ins.name,
+                    "trips": _trip_count(computations[condition]),
+                    "bytes_per_trip": counter.walk(body, 1, record=False),
+                    "inner": found(body),
+                })  # fmt: skip
+            elif ins.op in ("call", "conditional"):
+                called = _called(ins.attrs, "to_apply") if ins.op == "call" else _branches(ins)
+                out += [loop for c in called for loop in found(c)]
+        return out
+
+    return found(entry)

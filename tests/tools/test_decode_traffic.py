@@ -40,6 +40,12 @@ def test_a_run_through_the_engine_compiles_its_programs_and_fits(tmp_path):
     assert traffic["ideal_kv_bytes"] > 0
     assert traffic["ratio"] == pytest.approx(traffic["per_step_hbm_bytes"] / traffic["ideal_bytes"])
     assert "engine decode step (S = 8, K = 2)" in proc.stdout
+    # engine_generate compiled: its chunk loop found, a step's bytes (the micro model's
+    # weights stay on chip there, so no floor of the weights).
+    in_generate = traffic["generate_per_step_hbm_bytes"]
+    assert in_generate > 0
+    assert traffic["generate_ratio"] == pytest.approx(in_generate / traffic["ideal_bytes"])
+    assert "inside engine_generate:" in proc.stdout
     # mu from the compiled programs' bytes: each phase at least its bytes at v5e's 819 GB/s
     # (a device is a chip), R x N / S decode steps after one prefill, per rollout.
     mu = result["modelled_compiled"]

@@ -70,3 +70,20 @@ def test_a_data_dependent_loop_is_counted_once_and_named(chip):
     moved = hbm_traffic.hbm_bytes(_compile(chip, until_small, (d, d), (8, d)).as_text())
     assert len(moved["unknown_trip_counts"]) == 1
     assert moved["total"] < 2 * d * d * 2 + MIB
+
+
+def test_loops_give_each_loops_bytes_a_trip_inner_loops_multiplied_out(chip):
+    # 5 trips of (3 trips of a matmul reading a 256 MiB weight, then a tanh): the inner
+    # loop's trip reads the weight once, the outer loop's three times.
+    d = 11585
+    inner = lambda w, x: jax.lax.fori_loop(0, 3, lambda i, x: x @ w, x)
+    outer = lambda w, x: jax.lax.fori_loop(0, 5, lambda i, x: jnp.tanh(inner(w, x)), x)
+    text = _compile(chip, outer, (d, d), (8, d)).as_text()
+    (loop,) = hbm_traffic.loops(text)
+    weight = d * d * 2
+    assert loop["trips"] == 5 and [i["trips"] for i in loop["inner"]] == [3]
+    (body,) = loop["inner"]
+    assert weight <= body["bytes_per_trip"] <= weight + MIB
+    assert 3 * body["bytes_per_trip"] <= loop["bytes_per_trip"] <= 3 * body["bytes_per_trip"] + MIB
+    total = hbm_traffic.hbm_bytes(text)["total"]
+    assert 5 * loop["bytes_per_trip"] <= total <= 5 * loop["bytes_per_trip"] + 2 * MIB
