@@ -137,6 +137,40 @@ def _absolute(directory) -> epath.Path:
     return path if "://" in str(directory) else path.absolute()
 
 
+class _OneCommitHandler(ocp.StandardCheckpointHandler):
+    """orbax's standard array-tree handler, writing each tree in one OCDBT commit.
+
+    With its in-flight byte limit set (the standard handler always sets one) orbax
+    commits each array by itself, and OCDBT's append-only tree rewrites its root node at
+    every commit, with every value under 1 KiB inlined in it: a tree of many small
+    arrays (LoRA adapters, their Adam state) left a copy of itself per commit, a number
+    that follows thread timing. Without the limit orbax writes the whole tree in one
+    atomic transaction: one version, the same bytes on every run. The host already
+    holds the tree's local shards at that point, so the limit bought little."""
+
+    def __init__(self):
+        super().__init__()
+        self._impl = ocp.PyTreeCheckpointHandler(
+            handler_impl=ocp.BasePyTreeCheckpointHandler(
+                save_concurrent_bytes=None,
+                restore_concurrent_bytes=RESTORE_CONCURRENT_BYTES,
+            )
+        )
+
+
+ARRAY_ITEMS = ("train_state", "replay_state", "pending")
+RESTORE_CONCURRENT_BYTES = 96 * 10**9  # the standard handler's restore limit
+
+
+def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    for name in ARRAY_ITEMS:
+        handler = _OneCommitHandler()
+        registry.add(name, ocp.args.StandardSave, handler)
+        registry.add(name, ocp.args.StandardRestore, handler)
+    return registry
+
+
 class Checkpointer:
     """Steps saved under `directory`/<step> (a local path or a gs:// URL), the newest
     `max_to_keep` kept. With several processes every process takes part in each save and
@@ -162,6 +196,7 @@ class Checkpointer:
         self.unsealed_s: dict[int, float] = {}
         self.manager = ocp.CheckpointManager(
             self.directory,
+            handler_registry=_handler_registry(),
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep,
                 enable_async_checkpointing=asynchronous,
