@@ -24,6 +24,11 @@ from replax.tools import hbm_traffic, tpu_targets
 TRAFFIC_OPTIONS = {"xla_tpu_enable_async_collective_fusion": False}
 
 
+def _traffic_hlo(programs: Mapping[str, Any], name: str) -> str:
+    """Program `name` compiled for the byte count, as optimised HLO text."""
+    return programs[name].lower().compile(compiler_options=TRAFFIC_OPTIONS).as_text()
+
+
 def generation_chunk_bytes(hlo_text: str, steps_in_chunk: int) -> float | None:
     """The bytes of one trip of a generation program's chunk loop (harvest, refill and its
     loop of K decode steps, counted K times): the costliest loop, outermost first, whose
@@ -59,8 +64,7 @@ def engine_decode_traffic(
     engine = run.sampler
     counts = {}
     for name in ("engine_decode_step", "engine_refill_decode_chunk"):
-        compiled = programs[name].lower().compile(compiler_options=TRAFFIC_OPTIONS)
-        counts[name] = hbm_traffic.hbm_bytes(compiled.as_text())
+        counts[name] = hbm_traffic.hbm_bytes(_traffic_hlo(programs, name))
     step = counts["engine_decode_step"]["total"]
     chunk = counts["engine_refill_decode_chunk"]
     # A loop without a constant bound is counted once: then the chunk holds one step.
@@ -79,8 +83,8 @@ def engine_decode_traffic(
     ideal = (weights + kv) / devices
     in_generate = None
     if generate:
-        compiled = programs["engine_generate"].lower().compile(compiler_options=TRAFFIC_OPTIONS)
-        chunk_bytes = generation_chunk_bytes(compiled.as_text(), engine.refill_every)
+        hlo = _traffic_hlo(programs, "engine_generate")
+        chunk_bytes = generation_chunk_bytes(hlo, engine.refill_every)
         in_generate = None if chunk_bytes is None else chunk_bytes / engine.refill_every
     return {
         "slots": engine.slots,
@@ -117,8 +121,7 @@ def compiled_mu(run, programs: Mapping[str, Any], traffic, chip: tpu_targets.Chi
     )
     hbm = {}
     for name in ("engine_prefill", "train_step"):
-        compiled = programs[name].lower().compile(compiler_options=TRAFFIC_OPTIONS)
-        hbm[name] = hbm_traffic.hbm_bytes(compiled.as_text())["total"]
+        hbm[name] = hbm_traffic.hbm_bytes(_traffic_hlo(programs, name))["total"]
     c, r, b = spec.rollout, spec.rollouts_per_step, spec.train.batch_size
     p, n, slots = c.max_prompt_len, c.max_new_tokens, traffic["slots"]
     step_flops = slots * flops_lib.forward_flops_per_token(cfg, p + n / 2) / devices

@@ -285,8 +285,16 @@ class _Counter:
         self.by_op: dict[str, float] = defaultdict(float)
         self.by_instruction: dict[str, float] = defaultdict(float)
         self.unknown: list[str] = []
+        self._once: dict[str, float] = {}  # unrecorded walks run once, by computation
 
     def walk(self, name: str, times: int, record: bool = True) -> float:
+        if record:
+            return self._walk(name, times)
+        if name not in self._once:  # each enclosing loop and branch asks again
+            self._once[name] = self._walk(name, 1, record=False)
+        return self._once[name] * times
+
+    def _walk(self, name: str, times: int, record: bool = True) -> float:
         computations = self.computations
         instructions = computations[name].instructions
         shapes = {i.name: i.shape for i in instructions.values()}
