@@ -219,20 +219,25 @@ def test_the_8_device_mesh_shards_parameters_and_matches_one_device(initial_para
     assert gate.addressable_shards[0].data.shape == (CONFIG.d_model // 2, CONFIG.mlp_dim // 2)
     moment = eight.opt_state[1][0].mu["layer_0"]["mlp"]["gate"]  # adam's first moment
     assert moment.sharding.is_equivalent_to(gate.sharding, 2)
+    # The sharded sums run in another order; Adam's m / sqrt(v) magnifies that for a
+    # weight whose gradient is near zero, up to a fraction of the step size (lr 1e-2). A
+    # wrong layout or reduction is off by the order of lr itself: the weights are held to
+    # 1% of it (on one processor they differ by up to 1.6e-5 after three steps). The
+    # first step, on equal weights, agrees to float32 rounding; later steps' metrics to
+    # 1e-4 (the importance-sampling ESS, exp of a sum of token log-ratios, moves most:
+    # 5e-5 at the third step on that processor).
     for seed in range(3):
         batch = make_batch(seed)
         one, metrics_one = step_one(one, batch)
         eight, metrics_eight = step_eight(eight, batch)
         assert metrics_one.keys() == metrics_eight.keys()
+        rtol = 2e-5 if seed == 0 else 1e-4
         for key in metrics_one:
             np.testing.assert_allclose(
-                metrics_eight[key], metrics_one[key], rtol=2e-5, atol=1e-6, err_msg=key
+                metrics_eight[key], metrics_one[key], rtol=rtol, atol=1e-6, err_msg=key
             )
-    # The sharded sums run in another order; Adam's m / sqrt(v) magnifies that for a
-    # weight whose gradient is near zero, up to a fraction of the step size (lr 1e-2). A
-    # wrong layout or reduction is off by the order of lr itself.
     jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
         jax.device_get(eight.params),
         jax.device_get(one.params),
     )
