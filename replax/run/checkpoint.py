@@ -137,6 +137,10 @@ def _absolute(directory) -> epath.Path:
     return path if "://" in str(directory) else path.absolute()
 
 
+ARRAY_ITEMS = ("train_state", "replay_state", "pending")
+RESTORE_CONCURRENT_BYTES = 96 * 10**9  # the standard handler's restore limit
+
+
 class _OneCommitHandler(ocp.StandardCheckpointHandler):
     """orbax's standard array-tree handler, writing each tree in one OCDBT commit.
 
@@ -158,11 +162,9 @@ class _OneCommitHandler(ocp.StandardCheckpointHandler):
         )
 
 
-ARRAY_ITEMS = ("train_state", "replay_state", "pending")
-RESTORE_CONCURRENT_BYTES = 96 * 10**9  # the standard handler's restore limit
-
-
 def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+    """The array items saved and restored by `_OneCommitHandler`; the loop state and the
+    data iterator fall back to the handlers orbax registers for their arguments."""
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for name in ARRAY_ITEMS:
         handler = _OneCommitHandler()
